@@ -1,0 +1,106 @@
+"""The engine in-process: the Jac walkers run on a local graph store, no server needed."""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+if str(PROJECT_ROOT) not in sys.path:
+    sys.path.insert(0, str(PROJECT_ROOT))
+
+import jaclang  # noqa: E402,F401  (installs the .jac import hook)
+from jaclang.jac0core.runtime import JacRuntime, JacUtils  # noqa: E402
+from jaclang.lib import spawn  # noqa: E402
+
+from graph.errors import ContextRenderError, InvalidRequest, UnknownSession, HistoryConflict  # noqa: E402
+from walkers.ingest import IngestSummary, ingest_events  # noqa: E402
+from walkers.render import (  # noqa: E402
+    RenderConfig,
+    RenderResult,
+    ResultDecision,
+    configure_session,
+    explain_render,
+    render_context,
+)
+
+DEFAULT_STORE = os.environ.get("CONTEXTRENDER_STORE", ".contextrender")
+
+__all__ = [
+    "Engine",
+    "ContextRenderError",
+    "InvalidRequest",
+    "UnknownSession",
+    "HistoryConflict",
+    "IngestSummary",
+    "RenderConfig",
+    "RenderResult",
+    "ResultDecision",
+]
+
+
+class Engine:
+    """ContextRender on a local graph store (SQLite under `store`/.jac/data).
+
+    Every call is committed before it returns, so what a call acknowledged survives a crash.
+    Calls are serialised: one engine is safe to share between threads.
+    """
+
+    def __init__(self, store: str | os.PathLike[str] = DEFAULT_STORE) -> None:
+        self.store = Path(store).resolve()
+        self.store.mkdir(parents=True, exist_ok=True)
+        self._ctx = JacUtils.create_j_context(user_root=None, base_path_dir=str(self.store))
+        self._lock = threading.Lock()
+
+    def _run(self, walker: Any) -> Any:
+        with self._lock:
+            token = JacRuntime.push_request_context(self._ctx)
+            try:
+                done = spawn(walker, self._ctx.get_root())
+                JacRuntime.commit()
+            finally:
+                JacRuntime.reset_request_context(token)
+        return done.reports[0] if done.reports else None
+
+    def ingest(self, session_id: str, messages: list[dict], *, append: bool = False) -> IngestSummary:
+        """Add the unseen events of `messages` (the whole list so far, or only new ones with
+        `append=True`) to the session, creating it on first use."""
+        return self._run(ingest_events(session_id=session_id, messages=messages, append=append))
+
+    def render(
+        self,
+        session_id: str,
+        messages: list[dict] | None = None,
+        *,
+        budget: int,
+        selector: str = "",
+        explain: bool = False,
+        **params: Any,
+    ) -> RenderResult:
+        """Ingest what is new in `messages`, then render the history for the next model call
+        within `budget` tokens. `params` override any RenderConfig field for this call."""
+        return self._run(
+            render_context(
+                session_id=session_id,
+                messages=messages or [],
+                budget=budget,
+                selector=selector,
+                params=params,
+                include_decisions=explain,
+            )
+        )
+
+    def explain(self, session_id: str) -> RenderResult:
+        """The last render of a session with its per-result decisions."""
+        return self._run(explain_render(session_id=session_id))
+
+    def configure(self, session_id: str, **params: Any) -> RenderConfig:
+        """Set a session's render settings (kept in the graph)."""
+        return self._run(configure_session(session_id=session_id, params=params))
+
+    def close(self) -> None:
+        with self._lock:
+            self._ctx.close()
