@@ -59,11 +59,12 @@ class Engine:
         with self._lock:
             token = JacRuntime.push_request_context(self._ctx)
             try:
+                walker.in_process = True
                 done = spawn(walker, self._ctx.get_root())
                 JacRuntime.commit()
             finally:
                 JacRuntime.reset_request_context(token)
-        return done.reports[0] if done.reports else None
+        return done.outcome
 
     def ingest(self, session_id: str, messages: list[dict], *, append: bool = False) -> IngestSummary:
         """Add the unseen events of `messages` (the whole list so far, or only new ones with

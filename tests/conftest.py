@@ -1,0 +1,42 @@
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from contextrender_adapters import Engine
+
+TRACES = Path(__file__).resolve().parent.parent.parent / "shared" / "traces"
+
+
+@pytest.fixture
+def engine(tmp_path):
+    eng = Engine(tmp_path / "store")
+    yield eng
+    eng.close()
+
+
+def call(call_id: str, name: str, arguments: dict | str) -> dict:
+    args = arguments if isinstance(arguments, str) else json.dumps(arguments)
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": args}}
+
+
+def assistant(text: str | None = None, *calls: dict) -> dict:
+    message: dict = {"role": "assistant", "content": text}
+    if calls:
+        message["tool_calls"] = list(calls)
+    return message
+
+
+def tool(call_id: str, content: str) -> dict:
+    return {"role": "tool", "tool_call_id": call_id, "content": content}
+
+
+def user(text: str) -> dict:
+    return {"role": "user", "content": text}
+
+
+def load_traces(name: str) -> list[dict]:
+    with open(TRACES / name) as f:
+        return [json.loads(line) for line in f]

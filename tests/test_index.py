@@ -1,0 +1,92 @@
+"""Tool-Flow Analysis on the session index (paper 3.2, A.2): attribution, counting, 1/n."""
+
+import numpy as np
+import pytest
+
+from contextrender_adapters import engine  # noqa: F401
+from graph.index import SessionIndex
+from tests.conftest import assistant, call, tool, user
+
+
+def build(messages: list[dict]) -> tuple[SessionIndex, list]:
+    index = SessionIndex(key="t")
+    matches = []
+    for message in messages:
+        calls = message.get("tool_calls") or []
+        matches.append(
+            index.add(message, None, 10, {c["id"]: 5 for c in calls}, {c["id"]: None for c in calls}, np.zeros(4))
+        )
+    return index, matches
+
+
+def test_customer_id_reused_twice_credits_first_result():
+    index, matches = build([
+        user("look up the customer"),
+        assistant(None, call("c1", "lookup", {"q": "acme"})),
+        tool("c1", "customer_id=C142XYZ"),
+        assistant("The customer is C142XYZ."),          # a model output reuses it
+        assistant(None, call("c2", "orders", {"customer": "C142XYZ"})),  # and a tool call
+    ])
+    assert [m.result for m in matches[3]] == [0] and matches[3][0].values == ["C142XYZ"]
+    assert matches[4][0].call_id == "c2" and matches[4][0].values == ["C142XYZ"]
+    assert index.reuse_scores()[0] == pytest.approx(2.0)
+
+
+def test_attribution_goes_to_first_result_despite_intermediate_copies():
+    index, matches = build([
+        assistant(None, call("c1", "a", {})),
+        tool("c1", "token AB-99887 issued"),
+        assistant("copying AB-99887"),                   # intermediate copy in a model output
+        assistant(None, call("c2", "b", {})),
+        tool("c2", "echo AB-99887"),                     # a later result holds it too
+        assistant(None, call("c3", "c", {"t": "AB-99887"})),
+    ])
+    assert matches[5][0].result == 0                     # still the first result
+    # c = 1/1 (use before the copy existed) + 1/2 (now two results hold it), recomputed with current n.
+    assert index.reuse_scores()[0] == pytest.approx(0.5 + 0.5)
+    assert index.reuse_scores()[1] == 0
+
+
+def test_each_value_counts_once_per_operation():
+    index, matches = build([
+        assistant(None, call("c1", "a", {})),
+        tool("c1", "ids: ORDER_1234 and ORDER_5678"),
+        assistant("ORDER_1234 ORDER_1234 ORDER_1234 and ORDER_5678"),
+    ])
+    assert matches[2][0].values == ["ORDER_1234", "ORDER_5678"]
+    assert index.reuse_scores()[0] == pytest.approx(2.0)  # two distinct values, not four occurrences
+
+
+def test_three_contacts_sharing_a_value_in_one_result_add_one_to_n():
+    index, _ = build([
+        assistant(None, call("c1", "contacts", {})),
+        tool("c1", "a_person@gmail.com b_person@gmail.com c_person@gmail.com"),
+        assistant(None, call("c2", "other", {})),
+        tool("c2", "mirror at gmail.com"),
+        assistant("send to gmail.com"),
+    ])
+    assert index.value_results["gmail.com"] == [0, 1]
+    assert index.reuse_scores()[0] == pytest.approx(0.5)  # n = 2 results, not 4 occurrences
+
+
+def test_values_seen_before_any_result_attribute_to_first_result_holding_them():
+    index, matches = build([
+        user("my id is USER_4242"),
+        assistant("checking USER_4242"),                 # no result holds it yet: no match
+        assistant(None, call("c1", "get", {"id": "USER_4242"})),
+        tool("c1", "USER_4242: active"),
+        assistant("USER_4242 is active"),
+    ])
+    assert matches[1] == [] and matches[2] == []
+    assert matches[4][0].result == 0
+
+
+def test_user_messages_and_results_are_not_operations():
+    index, _ = build([
+        assistant(None, call("c1", "a", {})),
+        tool("c1", "KEY_123456"),
+        user("KEY_123456"),
+        assistant(None, call("c2", "b", {})),
+        tool("c2", "KEY_123456 again"),
+    ])
+    assert index.reuse_scores()[0] == 0

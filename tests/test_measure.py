@@ -1,0 +1,54 @@
+"""Token counting and embeddings (offline)."""
+
+import os
+
+import numpy as np
+import pytest
+
+from contextrender_adapters import engine  # noqa: F401
+from graph.measure import cut_middle, get_embedder, get_tokenizer, pack_vector, unpack_vector
+from tests.conftest import assistant, call, tool, user
+
+TOK = get_tokenizer()
+
+
+def test_tiktoken_loads_offline_from_bundled_files():
+    assert os.environ["TIKTOKEN_CACHE_DIR"]
+    assert TOK.count("hello world") == 2
+
+
+def test_history_tokens_are_additive_over_messages():
+    messages = [user("hi there"), assistant("sure", call("c1", "read", {"path": "a/b.py"})), tool("c1", "print(1)")]
+    assert TOK.history_tokens(messages) == sum(TOK.message_tokens(m) for m in messages)
+    with_parts = {"role": "user", "content": [{"type": "text", "text": "hi there"}, {"type": "image_url", "image_url": {"url": "x"}}]}
+    assert TOK.message_tokens(with_parts) == TOK.message_tokens(user("hi there")) + 85
+
+
+def test_wordllama_pooling_equals_the_library_embed():
+    import wordllama
+
+    reference = wordllama.WordLlama.load(cache_dir=os.path.dirname(wordllama.__file__), disable_download=True)
+    texts = ["short text", "a much longer text about django/db/models/query.py line 230 " * 20, "x"]
+    ours = get_embedder().embed(texts)
+    theirs = np.stack([reference.embed([t])[0] for t in texts])
+    theirs /= np.linalg.norm(theirs, axis=1, keepdims=True)
+    assert np.allclose(ours, theirs, atol=1e-5)
+    assert np.allclose(np.linalg.norm(ours, axis=1), 1.0, atol=1e-5)
+
+
+def test_empty_text_embeds_to_zero():
+    assert not get_embedder().embed([""]).any()
+
+
+def test_vectors_round_trip_exactly():
+    vector = get_embedder().embed(["round trip"])[0]
+    assert np.array_equal(unpack_vector(pack_vector(vector)), vector)
+
+
+@pytest.mark.parametrize("limit", [20, 100, 500])
+def test_cut_middle_respects_the_limit_and_keeps_both_ends(limit):
+    text = "START " + " ".join(f"w{i}" for i in range(3000)) + " END"
+    cut = cut_middle(text, limit, TOK)
+    assert TOK.count(cut) <= limit
+    assert cut.startswith("START") and cut.endswith("END") and "tokens cut by ContextRender" in cut
+    assert cut_middle("short", limit, TOK) == "short"

@@ -1,0 +1,251 @@
+"""Rendering (paper 3.3, A.3, A.4) and the decisions where the paper is silent."""
+
+from __future__ import annotations
+
+import pytest
+
+from contextrender_adapters import Engine, InvalidRequest, HistoryConflict
+from contextrender_adapters.checks import pairing_problems
+from graph.measure import get_tokenizer
+from tests.conftest import assistant, call, tool, user
+
+TOK = get_tokenizer()
+
+
+def history_of(result) -> list[dict]:
+    """Rendered history: without the leading system messages and the current user message."""
+    messages = [m for m in result.messages if m["role"] not in ("system", "developer")]
+    if messages and messages[-1]["role"] == "user":
+        messages = messages[:-1]
+    return messages
+
+
+def assert_sound(result, budget: int) -> None:
+    history = history_of(result)
+    assert TOK.history_tokens(history) == result.history_tokens <= budget
+    assert pairing_problems(result.messages) == []
+
+
+def filler(word: str, n: int) -> str:
+    return " ".join(f"{word}{i}" for i in range(n))
+
+
+def test_full_history_passes_through_when_it_fits(engine):
+    messages = [
+        {"role": "system", "content": "be brief"},
+        user("find order"),
+        assistant(None, call("c1", "find", {"q": "x"})),
+        tool("c1", "order ORD_777123 shipped"),
+        user("thanks, and now?"),
+    ]
+    result = engine.render("s", messages, budget=10_000, explain=True)
+    assert result.messages == messages and not result.selected
+    assert result.history_tokens == TOK.history_tokens(messages[1:-1])
+    assert [d.status for d in result.decisions] == ["kept"]
+
+
+def test_budget_excludes_system_prompt_and_current_user_message(engine):
+    big = filler("policy", 3000)
+    messages = [{"role": "system", "content": big}, user("go"), assistant("ok"), user(big)]
+    result = engine.render("s", messages, budget=100)
+    assert not result.selected and result.messages == messages
+
+
+def test_feasibility_is_checked_on_the_assembled_history(engine):
+    # The result text alone fits, but with its (long) tool call it does not: omitted.
+    long_args = {"query": filler("arg", 300)}
+    messages = [
+        user("start"),
+        assistant(None, call("c1", "search", long_args)),
+        tool("c1", "RESULT_ABC123 small"),
+        assistant(None, call("c2", "noop", {})),
+        tool("c2", filler("recent", 200)),
+        user("next"),
+    ]
+    budget = 600
+    result = engine.render("s", messages, budget=budget, omitted="drop", explain=True)
+    assert_sound(result, budget)
+    by_handle = {d.handle: d for d in result.decisions}
+    assert by_handle["c1"].status == "omitted"
+    assert by_handle["c1"].cost > TOK.message_tokens(messages[2])  # charged with its call
+    assert all(m.get("tool_call_id") != "c1" for m in result.messages)
+
+
+def test_exact_ties_favour_the_older_result(engine):
+    same = filler("row", 150)
+    messages = [
+        user("list twice"),
+        assistant(None, call("a", "list", {}), call("b", "list", {})),
+        tool("a", same),
+        tool("b", same),
+        user("go on"),
+    ]
+    one = TOK.message_tokens(messages[2])
+    budget = TOK.message_tokens(messages[0]) + TOK.message_tokens(messages[1]) + one + 40
+    result = engine.render("s", messages, budget=budget, omitted="drop", explain=True)
+    by_handle = {d.handle: d for d in result.decisions}
+    assert by_handle["a"].usefulness == by_handle["b"].usefulness
+    assert by_handle["a"].status == "kept" and by_handle["b"].status == "omitted"
+    assert_sound(result, budget)
+
+
+def test_omitted_result_returns_when_its_reuse_rises(engine):
+    old = tool("c1", "account ACCT_90210 " + filler("detail", 120))
+    messages = [
+        user("check the account"),
+        assistant(None, call("c1", "account", {})),
+        old,
+        assistant(None, call("c2", "weather", {})),
+        tool("c2", filler("sunny", 130)),
+    ]
+    budget = 330
+    first = engine.render("s", messages, budget=budget, omitted="drop", explain=True)
+    status = {d.handle: d.status for d in first.decisions}
+    assert status == {"c1": "omitted", "c2": "kept"}
+    # Later operations reuse a value first introduced by the omitted result.
+    messages += [assistant(None, call(f"u{i}", "use", {"acct": "ACCT_90210"})) for i in range(1)]
+    messages += [tool("u0", "ok")]
+    messages += [assistant("ACCT_90210 is the one"), user("and?")]
+    later = engine.render("s", messages, budget=budget, omitted="drop", explain=True)
+    status = {d.handle: d.status for d in later.decisions}
+    assert status["c1"] == "kept" and status["c2"] == "omitted"
+    decision = next(d for d in later.decisions if d.handle == "c1")
+    assert decision.reuse_count == pytest.approx(2.0)
+    assert_sound(later, budget)
+
+
+def test_score_terms_follow_equation_2(engine):
+    messages = [user("q")]
+    for i in range(6):
+        messages += [assistant(None, call(f"c{i}", "t", {})), tool(f"c{i}", filler(f"w{i}x", 80))]
+    result = engine.render("s", messages, budget=300, explain=True)
+    for d in result.decisions:
+        assert d.recency == pytest.approx(2.718281828 ** (-0.3 * d.age))
+        assert d.usefulness == pytest.approx(d.recency + d.reuse + d.relevance)
+    assert [d.age for d in result.decisions] == [5, 4, 3, 2, 1, 0]
+
+
+def test_ablation_selectors_zero_their_terms(engine):
+    messages = [user("q")]
+    for i in range(4):
+        messages += [assistant(None, call(f"c{i}", "t", {})), tool(f"c{i}", filler(f"v{i}y", 80))]
+    result = engine.render("s", messages, budget=300, selector="cr-recency", explain=True)
+    for d in result.decisions:
+        assert d.usefulness == pytest.approx(d.recency)
+
+
+def test_stub_mode_keeps_every_call_answered_and_charges_stubs(engine):
+    messages = [user("q")]
+    for i in range(8):
+        messages += [assistant(f"step {i}", call(f"c{i}", "read", {"f": f"file{i}.py"})), tool(f"c{i}", filler("line", 200))]
+    budget = 900
+    result = engine.render("s", messages, budget=budget, explain=True)
+    assert result.selected and result.omitted > 0
+    stubs = [m for m in result.messages if m["role"] == "tool" and "omitted to fit" in m["content"]]
+    assert len(stubs) == result.omitted
+    assert len([m for m in result.messages if m["role"] == "tool"]) == 8
+    assert_sound(result, budget)
+
+
+def test_non_tool_history_beyond_budget_is_folded_with_a_marker(engine):
+    messages = []
+    for i in range(30):
+        messages += [user(f"question {i} " + filler("q", 60)), assistant(f"answer {i} " + filler("a", 60))]
+    messages.append(user("latest"))
+    budget = 1000
+    result = engine.render("s", messages, budget=budget)
+    assert result.folded_messages > 0
+    history = history_of(result)
+    assert "oldest messages" in history[0]["content"]
+    assert history[-1] == messages[-2]          # the most recent turns stay verbatim
+    assert_sound(result, budget)
+
+
+def test_a_single_overlong_recent_message_is_condensed(engine):
+    messages = [user("hi"), assistant(filler("word", 3000)), user("go")]
+    budget = 500
+    result = engine.render("s", messages, budget=budget)
+    assert result.condensed == 1
+    assert "tokens cut by ContextRender" in history_of(result)[-1]["content"]
+    assert_sound(result, budget)
+
+
+def test_oversized_result_is_compacted_and_original_kept(engine):
+    big = "HEAD_MARK " + filler("blob", 4000) + " TAIL_MARK"
+    messages = [user("read it"), assistant(None, call("c1", "read", {})), tool("c1", big), user("and?")]
+    budget = 1000
+    result = engine.render("s", messages, budget=budget, explain=True)
+    decision = result.decisions[0]
+    assert decision.status == "compacted"
+    shown = next(m for m in result.messages if m.get("tool_call_id") == "c1")
+    assert shown["content"].startswith("HEAD_MARK") and shown["content"].endswith("TAIL_MARK")
+    assert_sound(result, budget)
+    # The original is still stored whole: a large budget shows it unchanged.
+    assert engine.render("s", messages, budget=100_000).messages[2]["content"] == big
+
+
+def test_rendering_is_identical_after_a_restart(tmp_path):
+    messages = [user("q")]
+    for i in range(6):
+        messages += [assistant(f"t{i} KEY_{i}0000", call(f"c{i}", "t", {})), tool(f"c{i}", f"KEY_{i + 1}0000 " + filler("z", 90))]
+    first = Engine(tmp_path / "store")
+    before = first.render("s", messages, budget=400, explain=True)
+    first.close()
+    second = Engine(tmp_path / "store")
+    after = second.render("s", messages, budget=400, explain=True)
+    assert after.messages == before.messages
+    assert [d.reuse_count for d in after.decisions] == [d.reuse_count for d in before.decisions]
+    second.close()
+
+
+def test_rewritten_history_forks_and_reject_mode_refuses(engine):
+    messages = [user("a"), assistant(None, call("c1", "t", {})), tool("c1", "ONE_111111"), user("b")]
+    engine.ingest("s", messages)
+    rewritten = [user("a"), assistant("different answer")]
+    summary = engine.ingest("s", rewritten)
+    assert summary.forked_at == 1 and summary.events == 2
+    result = engine.render("s", rewritten + [user("c")], budget=5000)
+    assert [m["content"] for m in result.messages] == ["a", "different answer", "c"]
+    engine.configure("s", on_rewrite="reject")
+    with pytest.raises(HistoryConflict, match="position 0"):
+        engine.ingest("s", [user("other")])
+
+
+def test_ingest_is_idempotent_and_incremental(engine):
+    messages = [user("a"), assistant(None, call("c1", "t", {})), tool("c1", "X_123456")]
+    assert engine.ingest("s", messages).added == 3
+    assert engine.ingest("s", messages).added == 0
+    more = messages + [assistant("X_123456 it is")]
+    summary = engine.ingest("s", more)
+    assert summary.added == 1 and summary.reuse_links == 1
+    assert engine.ingest("s", [user("only new")], append=True).events == 5
+
+
+@pytest.mark.parametrize(
+    "messages, fragment",
+    [
+        ("nope", "must be a list"),
+        ([{"role": "robot", "content": "x"}], "role must be one of"),
+        ([{"role": "user", "content": 5}], "content must be"),
+        ([tool("zz", "orphan")], "no earlier assistant message made that call"),
+        ([assistant(None, call("c", "t", {})), tool("c", "a"), tool("c", "b")], "answered twice"),
+        ([{"role": "assistant", "tool_calls": [{"id": "c", "function": {"name": "t", "arguments": {}}}]}], "JSON string"),
+        ([{"role": "tool", "content": "x"}], "tool_call_id"),
+    ],
+)
+def test_bad_messages_are_rejected_and_nothing_changes(engine, messages, fragment):
+    engine.ingest("s", [user("kept")])
+    with pytest.raises(InvalidRequest, match=fragment):
+        engine.ingest("s", messages)
+    assert engine.render("s", budget=1000).messages == [user("kept")]
+
+
+def test_bad_budget_and_settings_are_rejected(engine):
+    with pytest.raises(InvalidRequest, match="budget"):
+        engine.render("s", [user("x")], budget=10)
+    with pytest.raises(InvalidRequest, match="unknown render setting"):
+        engine.render("s", [user("x")], budget=1000, lambda_=1)
+    with pytest.raises(InvalidRequest, match="unknown selector"):
+        engine.render("s", [user("x")], budget=1000, selector="magic")
+    with pytest.raises(InvalidRequest, match="decay"):
+        engine.render("s", [user("x")], budget=1000, decay=-1.0)
