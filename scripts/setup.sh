@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Creates .venv with Python 3.12 and installs ContextRender with its pinned stack (idempotent).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+find_python() {
+    if [ -n "${PYTHON:-}" ]; then echo "$PYTHON"; return; fi
+    for candidate in python3.12 "$HOME"/.pyenv/versions/3.12*/bin/python3.12 /usr/local/bin/python3.12 /usr/bin/python3.12; do
+        if command -v "$candidate" >/dev/null 2>&1; then command -v "$candidate"; return; fi
+    done
+    echo "Python 3.12 not found: install it (pyenv install 3.12) or set PYTHON=/path/to/python3.12" >&2
+    exit 1
+}
+if [ ! -x .venv/bin/python ]; then
+    "$(find_python)" -m venv .venv
+fi
+stamp=.venv/.installed-$(sha1sum pyproject.toml | cut -c1-12)
+if [ ! -f "$stamp" ]; then
+    .venv/bin/python -m pip install --quiet --upgrade pip
+    .venv/bin/python -m pip install --quiet -e ".[test]"
+    touch "$stamp"
+fi
