@@ -5,7 +5,10 @@ cd "$(dirname "$0")/.."
 find_python() {
     if [ -n "${PYTHON:-}" ]; then echo "$PYTHON"; return; fi
     for candidate in python3.12 "$HOME"/.pyenv/versions/3.12*/bin/python3.12 /usr/local/bin/python3.12 /usr/bin/python3.12; do
-        if command -v "$candidate" >/dev/null 2>&1; then command -v "$candidate"; return; fi
+        # pyenv shims exist for every version but fail unless that version is selected: run it.
+        if "$candidate" -c 'import sys; assert sys.version_info[:2] == (3, 12)' >/dev/null 2>&1; then
+            "$candidate" -c 'import sys; print(sys.executable)'; return
+        fi
     done
     echo "Python 3.12 not found: install it (pyenv install 3.12) or set PYTHON=/path/to/python3.12" >&2
     exit 1
