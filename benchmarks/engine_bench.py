@@ -1,0 +1,94 @@
+"""Engine speed: render latency after ingestion (150 and 10,000 results) and ingestion throughput.
+
+    .venv/bin/python benchmarks/engine_bench.py [--repeat N]
+
+Prints medians measured in this run. Histories are built from the real tool results of
+../shared/traces/mini_swe_agent_deepseek.jsonl, cycled to reach the target size.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+from contextrender_adapters import Engine
+
+TRACES = Path(__file__).resolve().parent.parent.parent / "shared" / "traces"
+
+
+def trace_turns() -> list[tuple[dict, dict]]:
+    """(assistant message with one call, its tool message) pairs from the SWE traces."""
+    pairs = []
+    with open(TRACES / "mini_swe_agent_deepseek.jsonl") as f:
+        for line in f:
+            messages = json.loads(line)["messages"]
+            answers = {m["tool_call_id"]: m for m in messages if m["role"] == "tool"}
+            for m in messages:
+                if m["role"] == "assistant" and len(m.get("tool_calls") or []) == 1:
+                    pairs.append((m, answers[m["tool_calls"][0]["id"]]))
+    return pairs
+
+
+def history(pairs: list[tuple[dict, dict]], results: int) -> list[dict]:
+    messages = [{"role": "system", "content": "You are a coding agent."}, {"role": "user", "content": "Fix the failing test."}]
+    for i in range(results):
+        assistant, answer = pairs[i % len(pairs)]
+        call_id = f"call_{i}"
+        call = dict(assistant["tool_calls"][0]) | {"id": call_id}
+        messages.append({"role": "assistant", "content": assistant.get("content") or "", "tool_calls": [call]})
+        messages.append({"role": "tool", "tool_call_id": call_id, "content": answer["content"]})
+    messages.append({"role": "user", "content": "Continue."})
+    return messages
+
+
+def median_ms(samples: list[float]) -> float:
+    return statistics.median(samples) * 1000
+
+
+def bench_render(engine: Engine, messages: list[dict], budget: int, repeat: int) -> tuple[float, float]:
+    session = f"render-{len(messages)}"
+    engine.ingest(session, messages)
+    samples = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        result = engine.render(session, messages, budget=budget)
+        samples.append(time.perf_counter() - start)
+    assert result.selected and result.history_tokens <= budget
+    return median_ms(samples), max(samples) * 1000
+
+
+def bench_ingest(engine: Engine, pairs: list[tuple[dict, dict]], results: int, chunk: int) -> tuple[float, float]:
+    messages = history(pairs, results)
+    text = sum(len(m["content"].encode()) for m in messages if m["role"] == "tool")
+    start = time.perf_counter()
+    # As an agent would: the list grows by `chunk` tool rounds per call.
+    for end in range(2 + 2 * chunk, len(messages) + 2 * chunk, 2 * chunk):
+        engine.ingest("ingest", messages[: min(end, len(messages))])
+    seconds = time.perf_counter() - start
+    return text / 1e6 / seconds, text / 1e6
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--repeat", type=int, default=30)
+    parser.add_argument("--budget", type=int, default=6000)
+    args = parser.parse_args()
+    pairs = trace_turns()
+    with tempfile.TemporaryDirectory() as store:
+        engine = Engine(store)
+        for results in (150, 10_000):
+            repeat = args.repeat if results < 1000 else max(5, args.repeat // 3)
+            p50, worst = bench_render(engine, history(pairs, results), args.budget, repeat)
+            print(f"render, {results:>6} results, B={args.budget}: p50 {p50:8.2f} ms  max {worst:8.2f} ms  (n={repeat})")
+        for chunk in (1, 50):
+            rate, megabytes = bench_ingest(Engine(Path(store) / f"i{chunk}"), pairs, 2000, chunk)
+            print(f"ingest, 2,000 results ({megabytes:.1f} MB of result text), {chunk:>2} round(s) per call: {rate:.2f} MB/s")
+        engine.close()
+
+
+if __name__ == "__main__":
+    main()
