@@ -60,8 +60,8 @@ class Engine:
             token = JacRuntime.push_request_context(self._ctx)
             try:
                 walker.in_process = True
+                # The spawn ends with jaclang's commit to the store: acknowledged means durable.
                 done = spawn(walker, self._ctx.get_root())
-                JacRuntime.commit()
             finally:
                 JacRuntime.reset_request_context(token)
         return done.outcome

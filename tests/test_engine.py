@@ -1,0 +1,38 @@
+"""The in-process engine: what a call acknowledged survives a crash (kill -9)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+from contextrender_adapters import Engine
+
+WRITER = textwrap.dedent(
+    """
+    import json, os, signal, sys
+    from contextrender_adapters import Engine
+    engine = Engine(sys.argv[1])
+    engine.ingest("s", json.loads(sys.argv[2]))
+    engine.ingest("s", [{"role": "assistant", "content": "KEY_123456 found"}], append=True)
+    print("acknowledged", flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)
+    """
+)
+
+
+def test_acknowledged_events_survive_kill_9(tmp_path):
+    messages = [
+        {"role": "user", "content": "find the key"},
+        {"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "find", "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "KEY_123456"},
+    ]
+    store = tmp_path / "store"
+    done = subprocess.run([sys.executable, "-c", WRITER, str(store), json.dumps(messages)], capture_output=True, text=True)
+    assert done.returncode == -9 and "acknowledged" in done.stdout
+    engine = Engine(store)
+    result = engine.render("s", budget=1000, explain=True)
+    assert result.messages[:3] == messages and result.messages[3]["content"] == "KEY_123456 found"
+    assert [d.reuse_count for d in result.decisions] == [1.0]
+    engine.close()
