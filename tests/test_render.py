@@ -249,3 +249,14 @@ def test_bad_budget_and_settings_are_rejected(engine):
         engine.render("s", [user("x")], budget=1000, selector="magic")
     with pytest.raises(InvalidRequest, match="decay"):
         engine.render("s", [user("x")], budget=1000, decay=-1.0)
+
+
+def test_pairing_is_checked_against_stored_history(engine):
+    engine.ingest("s", [user("a"), assistant(None, call("c1", "t", {})), tool("c1", "done")])
+    with pytest.raises(InvalidRequest, match="used twice"):
+        engine.ingest("s", [assistant(None, call("c1", "t", {}))], append=True)
+    with pytest.raises(InvalidRequest, match="answered twice"):
+        engine.ingest("s", [tool("c1", "again")], append=True)
+    # After a fork, ids of the replaced branch are free again.
+    summary = engine.ingest("s", [user("a"), assistant(None, call("c1", "t2", {})), tool("c1", "new")])
+    assert summary.forked_at == 1 and summary.events == 3
