@@ -103,9 +103,12 @@ def test_omitted_result_returns_when_its_reuse_rises(engine):
     status = {d.handle: d.status for d in first.decisions}
     assert status == {"c1": "omitted", "c2": "kept"}
     # Later operations reuse a value first introduced by the omitted result.
-    messages += [assistant(None, call(f"u{i}", "use", {"acct": "ACCT_90210"})) for i in range(1)]
-    messages += [tool("u0", "ok")]
-    messages += [assistant("ACCT_90210 is the one"), user("and?")]
+    messages += [
+        assistant(None, call("u0", "use", {"acct": "ACCT_90210"})),
+        tool("u0", "ok"),
+        assistant("ACCT_90210 is the one"),
+        user("and?"),
+    ]
     later = engine.render("s", messages, budget=budget, omitted="drop", explain=True)
     status = {d.handle: d.status for d in later.decisions}
     assert status["c1"] == "kept" and status["c2"] == "omitted"
