@@ -52,18 +52,21 @@ class Engine:
     def __init__(self, store: str | os.PathLike[str] = DEFAULT_STORE) -> None:
         self.store = Path(store).resolve()
         self.store.mkdir(parents=True, exist_ok=True)
-        self._ctx = JacUtils.create_j_context(user_root=None, base_path_dir=str(self.store))
         self._lock = threading.Lock()
 
     def _run(self, walker: Any) -> Any:
+        # A fresh execution context per call, like a server request: its commit scans only the
+        # nodes this call loaded or made, not every node the process has seen.
         with self._lock:
-            token = JacRuntime.push_request_context(self._ctx)
+            ctx = JacUtils.create_j_context(user_root=None, base_path_dir=str(self.store))
+            token = JacRuntime.push_request_context(ctx)
             try:
                 walker.in_process = True
                 # The spawn ends with jaclang's commit to the store: acknowledged means durable.
-                done = spawn(walker, self._ctx.get_root())
+                done = spawn(walker, ctx.get_root())
             finally:
                 JacRuntime.reset_request_context(token)
+                ctx.close()
         return done.outcome
 
     def ingest(self, session_id: str, messages: list[dict], *, append: bool = False) -> IngestSummary:
@@ -101,7 +104,3 @@ class Engine:
     def configure(self, session_id: str, **params: Any) -> RenderConfig:
         """Set a session's render settings (kept in the graph)."""
         return self._run(configure_session(session_id=session_id, params=params))
-
-    def close(self) -> None:
-        with self._lock:
-            self._ctx.close()

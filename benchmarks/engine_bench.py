@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from contextrender_adapters import Engine
-from jaclang.jac0core.runtime import JacRuntime
+from jaclang.jac0core.runtime import JacRuntime, JacUtils
 from jaclang.lib import refs
 from walkers.render import RenderConfig, render
 
@@ -67,9 +67,10 @@ def bench_render(engine: Engine, messages: list[dict], budget: int, repeat: int)
 def compute_only(engine: Engine, session: str, budget: int, repeat: int) -> list[float]:
     """The render itself (scores, selection, assembly) without the walker spawn and the
     store commit that every Engine call pays."""
-    token = JacRuntime.push_request_context(engine._ctx)
+    ctx = JacUtils.create_j_context(user_root=None, base_path_dir=str(engine.store))
+    token = JacRuntime.push_request_context(ctx)
     try:
-        node = next(n for n in refs(engine._ctx.get_root()) if getattr(n, "session_id", None) == session)
+        node = next(n for n in refs(ctx.get_root()) if getattr(n, "session_id", None) == session)
         config = RenderConfig.build()
         samples = []
         for _ in range(repeat):
@@ -78,6 +79,7 @@ def compute_only(engine: Engine, session: str, budget: int, repeat: int) -> list
             samples.append(time.perf_counter() - start)
     finally:
         JacRuntime.reset_request_context(token)
+        ctx.close()
     return samples
 
 
@@ -113,7 +115,6 @@ def main() -> None:
         for chunk in (2000, 50):
             rate, megabytes = bench_ingest(Engine(Path(store) / f"i{chunk}"), pairs, 2000, chunk)
             print(f"ingest, 2,000 results ({megabytes:.1f} MB of result text), {chunk:>2} round(s) per call: {rate:.2f} MB/s", flush=True)
-        engine.close()
 
 
 if __name__ == "__main__":

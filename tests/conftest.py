@@ -12,9 +12,7 @@ TRACES = Path(__file__).resolve().parent.parent.parent / "shared" / "traces"
 
 @pytest.fixture
 def engine(tmp_path):
-    eng = Engine(tmp_path / "store")
-    yield eng
-    eng.close()
+    return Engine(tmp_path / "store")
 
 
 def call(call_id: str, name: str, arguments: dict | str) -> dict:

@@ -35,4 +35,3 @@ def test_acknowledged_events_survive_kill_9(tmp_path):
     result = engine.render("s", budget=1000, explain=True)
     assert result.messages[:3] == messages and result.messages[3]["content"] == "KEY_123456 found"
     assert [d.reuse_count for d in result.decisions] == [1.0]
-    engine.close()

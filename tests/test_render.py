@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+
 import pytest
 
 from contextrender_adapters import Engine, InvalidRequest, HistoryConflict
@@ -191,14 +195,19 @@ def test_rendering_is_identical_after_a_restart(tmp_path):
     messages = [user("q")]
     for i in range(6):
         messages += [assistant(f"t{i} KEY_{i}0000", call(f"c{i}", "t", {})), tool(f"c{i}", f"KEY_{i + 1}0000 " + filler("z", 90))]
-    first = Engine(tmp_path / "store")
-    before = first.render("s", messages, budget=400, explain=True)
-    first.close()
-    second = Engine(tmp_path / "store")
-    after = second.render("s", messages, budget=400, explain=True)
-    assert after.messages == before.messages
-    assert [d.reuse_count for d in after.decisions] == [d.reuse_count for d in before.decisions]
-    second.close()
+    before = Engine(tmp_path / "store").render("s", messages, budget=400, explain=True)
+    # A new process has no cached index: it rebuilds it (and TFA) from the stored graph.
+    reader = (
+        "import json, sys\n"
+        "from contextrender_adapters import Engine\n"
+        "r = Engine(sys.argv[1]).render('s', budget=400, explain=True)\n"
+        "print(json.dumps({'messages': r.messages, 'reuse': [d.reuse_count for d in r.decisions]}))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", reader, str(tmp_path / "store")], capture_output=True, text=True, check=True)
+    after = json.loads(done.stdout.strip().splitlines()[-1])
+    assert after["messages"] == before.messages
+    assert after["reuse"] == [d.reuse_count for d in before.decisions]
+    assert max(after["reuse"]) > 0
 
 
 def test_rewritten_history_forks_and_reject_mode_refuses(engine):

@@ -33,4 +33,3 @@ def test_every_render_fits_and_pairs(tmp_path, name, budget, omitted):
             history = history_of(result)
             assert result.history_tokens == TOK.history_tokens(history) <= budget, (trace["id"], j)
             assert pairing_problems(result.messages) == [], (trace["id"], j)
-    engine.close()
