@@ -1,0 +1,234 @@
+"""The OpenAI-compatible proxy over real HTTP on loopback: a fake upstream records what it got."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from contextrender_adapters.checks import pairing_problems
+from contextrender_adapters.fakeupstream import FakeUpstream, LoopbackServer, free_port
+from contextrender_adapters.proxy import SESSION_HEADER, create_app, derive_session
+from graph.measure import get_tokenizer
+from tests.conftest import assistant, call, tool, user
+
+TOK = get_tokenizer()
+BUDGET = 600
+SYSTEM = {"role": "system", "content": "You are a coding agent. Use the tools."}
+TOOLS = [{"type": "function", "function": {"name": "read_file", "parameters": {"type": "object", "properties": {"path": {"type": "string"}}}}}]
+
+
+def conversation(results: int = 12, words: int = 120) -> list[dict]:
+    """A run whose tool results far exceed BUDGET, ending with the current user message."""
+    messages = [SYSTEM, user("Fix the failing test in module_alpha.")]
+    for i in range(results):
+        call_id = f"call_{i}"
+        messages.append(assistant(f"Reading file {i}.", call(call_id, "read_file", {"path": f"src/file_{i}.py"})))
+        body = " ".join(f"line_{i}_{j} = value_{i}_{j}" for j in range(words))
+        messages.append(tool(call_id, body))
+    messages.append(user("Now write the fix."))
+    return messages
+
+
+def history(messages: list[dict]) -> list[dict]:
+    rest = [m for m in messages if m["role"] not in ("system", "developer")]
+    return rest[:-1] if rest and rest[-1]["role"] == "user" else rest
+
+
+def wait_for_events(engine, session_id: str, events: int) -> None:
+    """Until the session's chain holds `events` events (the answer is ingested after the response)."""
+    deadline = time.monotonic() + 10
+    while engine.ingest(session_id, [], append=True).events < events:  # appending nothing: a read
+        assert time.monotonic() < deadline, f"session {session_id} never reached {events} events"
+        time.sleep(0.02)
+
+
+@pytest.fixture
+def upstream():
+    with FakeUpstream() as fake:
+        yield fake
+
+
+@pytest.fixture
+def proxy(engine, upstream):
+    """The proxy with the engine in-process, in front of the fake upstream."""
+
+    def start(**options):
+        app = create_app(engine, upstream.base_url, options.pop("budget", BUDGET), **options)
+        return LoopbackServer(app)
+
+    return start
+
+
+def test_history_is_rendered_within_budget_and_everything_else_is_forwarded(engine, upstream, proxy):
+    messages = conversation()
+    body = {"model": "fake-model", "messages": messages, "tools": TOOLS, "temperature": 0.25, "max_tokens": 77, "user": "u-1"}
+    headers = {"Authorization": "Bearer sk-test-123", "X-Custom": "kept", SESSION_HEADER: "run-1"}
+    with proxy() as server:
+        response = httpx.post(f"{server.url}/v1/chat/completions", json=body, headers=headers)
+    assert response.status_code == 200
+    got = upstream.requests[-1]
+    sent = got.json
+    # Rendered: system prompt and current user message untouched, history within B, pairs valid.
+    rendered = sent["messages"]
+    assert rendered[0] == SYSTEM and rendered[-1] == messages[-1]
+    assert TOK.history_tokens(history(messages)) > 4 * BUDGET
+    assert TOK.history_tokens(history(rendered)) <= BUDGET
+    assert pairing_problems(rendered) == []
+    assert rendered != messages
+    # The rendered list is the engine's render of this session.
+    assert rendered == engine.render("run-1", messages, budget=BUDGET).messages
+    # Every other field and header forwarded unchanged; the session header is the proxy's own.
+    assert {k: v for k, v in sent.items() if k != "messages"} == {k: v for k, v in body.items() if k != "messages"}
+    assert list(sent) == list(body)
+    assert got.headers["authorization"] == "Bearer sk-test-123"
+    assert got.headers["x-custom"] == "kept"
+    assert SESSION_HEADER not in got.headers
+    assert got.headers["content-length"] == str(len(got.body))
+
+
+def test_non_streaming_answer_comes_back_unchanged_and_is_ingested(engine, upstream, proxy):
+    messages = conversation(results=3, words=10)
+    answer_call = call("call_next", "read_file", {"path": "src/fix.py"})
+    upstream.enqueue(content="Let me look.", tool_calls=[answer_call])
+    with proxy() as server:
+        response = httpx.post(f"{server.url}/v1/chat/completions", json={"model": "m", "messages": messages}, headers={SESSION_HEADER: "run-2"})
+        assert response.status_code == 200
+        assert response.content == upstream.requests[-1].sent
+        assert response.headers["x-fake-upstream"] == "1"
+        assert response.headers["content-type"] == "application/json"
+        wait_for_events(engine, "run-2", len(messages))  # the chain (system prompt apart) + the answer
+        # The agent sends the answer back re-serialised (null fields as an SDK's model_dump writes
+        # them) with its tool result: the stored answer stands in for it, the session does not fork.
+        echoed = {"role": "assistant", "content": "Let me look.", "refusal": None, "function_call": None,
+                  "tool_calls": [answer_call], "annotations": []}
+        follow = messages + [echoed, tool("call_next", "def fix(): pass"), user("Apply it.")]
+        response = httpx.post(f"{server.url}/v1/chat/completions", json={"model": "m", "messages": follow}, headers={SESSION_HEADER: "run-2"})
+        assert response.status_code == 200
+        wait_for_events(engine, "run-2", len(follow))
+    stored_answer = {"role": "assistant", "content": "Let me look.", "tool_calls": [answer_call]}
+    done = {"role": "assistant", "content": "Done."}
+    stored = engine.ingest("run-2", messages + [stored_answer, follow[-2], follow[-1], done])
+    assert stored.added == 0 and stored.forked_at == -1
+    rendered = upstream.requests[-1].json["messages"]
+    assert rendered[-3] == stored_answer and rendered[-2]["content"] == "def fix(): pass"
+
+
+def test_streaming_chunks_pass_through_byte_for_byte_and_the_answer_is_ingested(engine, upstream, proxy):
+    messages = conversation(results=4, words=10)
+    answer_call = call("call_streamed", "read_file", {"path": "src/streamed_module.py"})
+    upstream.enqueue(content="Streaming a longer answer in many small pieces.", tool_calls=[answer_call])
+    with proxy() as server:
+        received = []
+        with httpx.stream(
+            "POST", f"{server.url}/v1/chat/completions",
+            json={"model": "m", "messages": messages, "stream": True}, headers={SESSION_HEADER: "run-3"},
+        ) as response:
+            assert response.status_code == 200
+            assert response.headers["content-type"].startswith("text/event-stream")
+            for chunk in response.iter_raw():
+                received.append(chunk)
+        sent = upstream.requests[-1].sent
+        assert b"".join(received) == sent
+        assert sent.count(b"data: ") > 10
+        # The answer, rebuilt from the stream, is in the session right after the request's messages.
+        wait_for_events(engine, "run-3", len(messages))
+    follow = messages + [
+        {"role": "assistant", "content": "Streaming a longer answer in many small pieces.", "tool_calls": [answer_call]},
+    ]
+    stored = engine.ingest("run-3", follow)
+    assert stored.added == 0 and stored.forked_at == -1
+
+
+def test_session_comes_from_the_header_or_the_stable_prefix(engine, upstream, proxy):
+    first = conversation(results=2, words=5)
+    later = first[:-1] + [assistant("ok"), user("next step")]
+    other = [SYSTEM, user("A different task."), assistant("ok"), user("go")]
+    assert derive_session(first) == derive_session(later) != derive_session(other)
+    assert derive_session([{"role": "developer", "content": "x"}, user("y")]) != derive_session([SYSTEM, user("y")])
+    with proxy() as server:
+        for messages in (first, other):
+            assert httpx.post(f"{server.url}/v1/chat/completions", json={"model": "m", "messages": messages}).status_code == 200
+        httpx.post(f"{server.url}/v1/chat/completions", json={"model": "m", "messages": other}, headers={SESSION_HEADER: "named"})
+    # Each session holds its own conversation (plus the answer ingested after it).
+    assert engine.ingest(derive_session(first), first).added == 0
+    assert engine.ingest(derive_session(other), other).added == 0
+    assert engine.ingest("named", other).added == 0
+
+
+def test_engine_failure_forwards_the_original_request_unless_fail_closed(engine, upstream, proxy):
+    # A tool message answering a call nobody made: the engine rejects it.
+    broken = [SYSTEM, user("hi"), tool("call_missing", "orphan"), user("go")]
+    body = {"model": "m", "messages": broken, "temperature": 0}
+    raw = json.dumps(body).encode()
+    with proxy() as server:
+        response = httpx.post(f"{server.url}/v1/chat/completions", content=raw, headers={"content-type": "application/json"})
+        assert response.status_code == 200
+        assert upstream.requests[-1].body == raw
+    with proxy(fail_closed=True) as server:
+        calls = len(upstream.requests)
+        response = httpx.post(f"{server.url}/v1/chat/completions", content=raw, headers={"content-type": "application/json"})
+        assert response.status_code == 400
+        assert "call_missing" in response.json()["error"]["message"]
+        assert len(upstream.requests) == calls
+
+
+def test_other_paths_and_upstream_errors_pass_through(engine, upstream, proxy):
+    with proxy() as server:
+        models = httpx.get(f"{server.url}/v1/models", headers={"Authorization": "Bearer k"})
+        assert models.status_code == 200 and models.json() == FakeUpstream.MODELS
+        assert models.headers["x-fake-upstream"] == "models"
+        assert upstream.requests[-1].headers["authorization"] == "Bearer k"
+        upstream.enqueue(status=429)
+        failed = httpx.post(f"{server.url}/v1/chat/completions", json={"model": "m", "messages": conversation(2, 5)})
+        assert failed.status_code == 429
+        assert failed.json()["error"]["message"] == "scripted failure"
+        missing = httpx.get(f"{server.url}/v1/nothing-here")
+        assert missing.status_code == 404
+        assert upstream.requests[-1].path == "/v1/nothing-here"
+
+
+def test_full_selector_forwards_the_history_as_is(engine, upstream, proxy):
+    messages = conversation(results=6, words=60)
+    with proxy(selector="full") as server:
+        httpx.post(f"{server.url}/v1/chat/completions", json={"model": "m", "messages": messages}, headers={SESSION_HEADER: "full"})
+    assert upstream.requests[-1].json["messages"] == messages
+
+
+def test_unreachable_upstream_is_a_502(engine):
+    app = create_app(engine, f"http://127.0.0.1:{free_port()}/v1", BUDGET)
+    with LoopbackServer(app) as server:
+        response = httpx.post(f"{server.url}/v1/chat/completions", json={"model": "m", "messages": conversation(1, 5)})
+    assert response.status_code == 502
+    assert "upstream" in response.json()["error"]["message"]
+
+
+def test_the_command_runs_the_engine_in_process(tmp_path, upstream):
+    """`contextrender proxy ...`: one command, nothing else to start."""
+    port = free_port()
+    env = dict(os.environ, CONTEXTRENDER_STORE=str(tmp_path / "store"))
+    command = [sys.executable, "-m", "contextrender_adapters.cli", "proxy", "--upstream", upstream.base_url,
+               "--budget", str(BUDGET), "--port", str(port)]
+    process = subprocess.Popen(command, env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                response = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", json={"model": "m", "messages": conversation()})
+                break
+            except httpx.ConnectError:
+                assert process.poll() is None, process.stdout.read().decode()
+                assert time.monotonic() < deadline, "the proxy did not start"
+                time.sleep(0.2)
+        assert response.status_code == 200
+        assert TOK.history_tokens(history(upstream.requests[-1].json["messages"])) <= BUDGET
+        assert (tmp_path / "store" / ".jac").exists()
+    finally:
+        process.terminate()
+        process.wait(timeout=20)
