@@ -18,6 +18,7 @@ from jaclang.lib import spawn  # noqa: E402
 
 from graph.errors import ContextRenderError, InvalidRequest, UnknownSession, HistoryConflict  # noqa: E402
 from walkers.ingest import IngestSummary, ingest_events  # noqa: E402
+from walkers.sessions import delete_session, export_graph, get_session, list_sessions  # noqa: E402
 from walkers.render import (  # noqa: E402
     RenderConfig,
     RenderResult,
@@ -25,6 +26,7 @@ from walkers.render import (  # noqa: E402
     configure_session,
     explain_render,
     render_context,
+    render_variants,
 )
 
 DEFAULT_STORE = os.environ.get("CONTEXTRENDER_STORE", ".contextrender")
@@ -97,6 +99,13 @@ class Engine:
             )
         )
 
+    def render_variants(
+        self, session_id: str, variants: list[dict[str, Any]], *, explain: bool = False
+    ) -> list[RenderResult]:
+        """Render the stored history once per variant (RenderConfig settings plus `budget`),
+        in one call: how a replay compares selectors and budgets at each turn."""
+        return self._run(render_variants(session_id=session_id, variants=variants, include_decisions=explain))
+
     def explain(self, session_id: str) -> RenderResult:
         """The last render of a session with its per-result decisions."""
         return self._run(explain_render(session_id=session_id))
@@ -104,3 +113,19 @@ class Engine:
     def configure(self, session_id: str, **params: Any) -> RenderConfig:
         """Set a session's render settings (kept in the graph)."""
         return self._run(configure_session(session_id=session_id, params=params))
+
+    def get_session(self, session_id: str, *, include_messages: bool = False) -> dict:
+        """A session's counts, tokens, settings and last render (and its messages if asked)."""
+        return self._run(get_session(session_id=session_id, include_messages=include_messages))
+
+    def list_sessions(self) -> list[dict]:
+        """Every session in the store, oldest first."""
+        return self._run(list_sessions())
+
+    def delete_session(self, session_id: str) -> dict:
+        """Delete a session and everything stored under it."""
+        return self._run(delete_session(session_id=session_id))
+
+    def export_graph(self, session_id: str, *, format: str = "json", limit: int = 2000) -> dict:
+        """The session graph as JSON (nodes, edges) or as Graphviz DOT (key "dot")."""
+        return self._run(export_graph(session_id=session_id, format=format, limit=limit))
