@@ -85,8 +85,11 @@ class FakeUpstream:
 
     MODELS = {"object": "list", "data": [{"id": "fake-model", "object": "model", "created": 0, "owned_by": "contextrender"}]}
 
-    def __init__(self, chunk_chars: int = 4) -> None:
+    def __init__(self, chunk_chars: int = 4, default_tool: str | None = None) -> None:
+        """`default_tool`: when nothing is enqueued, answer with one call of this tool (a fresh call
+        id each time, as an agent loop needs) instead of the text "Done."."""
         self.requests: list[Recorded] = []
+        self._default_tool = default_tool
         self._scripts: deque[_Script] = deque()
         self._chunk_chars = chunk_chars
         self._counter = 0
@@ -118,7 +121,13 @@ class FakeUpstream:
     def _next(self) -> tuple[int, _Script]:
         with self._lock:
             self._counter += 1
-            return self._counter, self._scripts.popleft() if self._scripts else _Script()
+            if self._scripts:
+                return self._counter, self._scripts.popleft()
+            if self._default_tool:
+                arguments = json.dumps({"path": f"src/module_{self._counter}.py"})
+                call = {"id": f"call_fake_{self._counter}", "type": "function", "function": {"name": self._default_tool, "arguments": arguments}}
+                return self._counter, _Script(content=None, tool_calls=[call])
+            return self._counter, _Script()
 
     def _build(self) -> FastAPI:
         app = FastAPI(docs_url=None, redoc_url=None, openapi_url=None)
@@ -163,6 +172,12 @@ class FakeUpstream:
             record.handling_s = time.perf_counter() - start
             return Response(record.sent, media_type="application/json", headers={"x-fake-upstream": str(number)})
 
+        @app.get("/_fake/last")
+        async def last() -> Response:
+            # The body of the last chat request, for benchmarks that replay it directly.
+            chats = [r for r in self.requests if r.path == "/v1/chat/completions"]
+            return Response(chats[-1].body if chats else b"{}", media_type="application/json")
+
         @app.api_route("/{path:path}", methods=["GET", "POST", "PUT", "PATCH", "DELETE"])
         async def unknown(request: Request, path: str) -> Response:
             self.requests.append(Recorded(request.method, request.url.path, dict(request.headers), await request.body()))
@@ -194,3 +209,18 @@ class FakeUpstream:
         frames.append(frame({}, "tool_calls" if script.tool_calls else "stop"))
         frames.append(b"data: [DONE]\n\n")
         return frames
+
+
+def main() -> None:
+    """`python -m contextrender_adapters.fakeupstream --port 9000`: the fake server on its own."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description="A scripted OpenAI-compatible server on loopback (canned answers).")
+    parser.add_argument("--port", type=int, default=9000)
+    parser.add_argument("--tool", default=None, help="answer every request with a call of this tool")
+    args = parser.parse_args()
+    uvicorn.run(FakeUpstream(default_tool=args.tool).app, host="127.0.0.1", port=args.port, log_level="warning")
+
+
+if __name__ == "__main__":
+    main()

@@ -31,7 +31,6 @@ import logging
 import os
 import zlib
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
 from typing import Any, Protocol
 
 import httpx
@@ -46,6 +45,8 @@ log = logging.getLogger("contextrender.proxy")
 
 SESSION_HEADER = "x-contextrender-session"
 DEFAULT_SELECTOR = "contextrender"
+# Sessions whose stored answers the proxy remembers (oldest forgotten first).
+MAX_SESSIONS = 10_000
 # Hop-by-hop headers (RFC 9110 7.6.1) and the ones the HTTP layer recomputes.
 _REQUEST_SKIP = {
     "host", "content-length", "connection", "keep-alive", "transfer-encoding", "te", "trailer",
@@ -115,21 +116,13 @@ def _same_turn(a: Any, b: dict) -> bool:
     )
 
 
-def _clean_answer(message: dict) -> dict:
-    # Keep what the model said; drop null and empty response-only fields.
-    return {
-        k: v for k, v in message.items()
-        if k in ("role", "content") or (v is not None and v != [] and v != "")
-    }
-
-
-@dataclass
-class _Answer:
-    """The assistant message of the last answer in a session, stored at `position` in the list."""
-
-    turn: int
-    position: int
-    message: dict
+def _normal(message: Any) -> Any:
+    """An assistant message without its null or empty fields (`refusal: null`, `annotations: []`,
+    ...), which SDKs add or drop when they re-serialise an answer. Every assistant message is
+    stored in this form, so an answer sent back by the agent matches the stored one."""
+    if not isinstance(message, dict) or message.get("role") != "assistant":
+        return message
+    return {k: v for k, v in message.items() if k in ("role", "content") or (v is not None and v != [])}
 
 
 # ---------------------------------------------------------------- the answer, from a body or a stream
@@ -212,7 +205,7 @@ class _StreamAnswer:
         message.setdefault("content", None)
         if self._calls:
             message["tool_calls"] = [self._calls[i] for i in sorted(self._calls)]
-        return _clean_answer(message)
+        return _normal(message)
 
 
 def _body_answer(body: bytes) -> dict | None:
@@ -222,7 +215,7 @@ def _body_answer(body: bytes) -> dict | None:
         return None
     if len(choices) != 1 or not isinstance(choices[0].get("message"), dict):
         return None
-    return _clean_answer(choices[0]["message"])
+    return _normal(choices[0]["message"])
 
 
 # ---------------------------------------------------------------- the proxy
@@ -245,7 +238,8 @@ class _Proxy:
         self.client = client
         self._locks: dict[str, asyncio.Lock] = {}
         self._turns: dict[str, int] = {}
-        self._answers: dict[str, _Answer] = {}
+        # Per session, the answers the proxy stored, by their position in the message list.
+        self._answers: dict[str, dict[int, dict]] = {}
 
     # -- upstream plumbing
 
@@ -320,35 +314,43 @@ class _Proxy:
         return self._locks.setdefault(session_id, asyncio.Lock())
 
     def reconcile(self, session_id: str, messages: list) -> list:
-        """Put the stored form of the last answer in place of the agent's copy of it, so that a
-        re-serialised answer does not fork the session."""
-        answer = self._answers.pop(session_id, None)
-        if answer and answer.position < len(messages) and _same_turn(messages[answer.position], answer.message):
-            messages = list(messages)
-            messages[answer.position] = answer.message
+        """The message list as the session stores it: assistant messages in normal form, and
+        each answer the proxy stored in place of the agent's copy of it (agents rebuild answers
+        from streams or SDK objects: `content` "" for null, extra keys in tool calls). Without
+        this the engine, which compares exactly, would take every echoed answer for a rewrite."""
+        messages = [_normal(m) for m in messages]
+        stored = self._answers.get(session_id)
+        for position in sorted(stored or ()):
+            if position < len(messages) and _same_turn(messages[position], stored[position]):
+                messages[position] = stored[position]
+                continue
+            # History rewritten (or cut) here: the engine forks; later answers are on the old branch.
+            for later in [p for p in stored if p >= position]:
+                del stored[later]
+            break
         return messages
 
     def answered(self, session_id: str, turn: int, position: int) -> Callable[[dict], BackgroundTask | None]:
         def record(message: dict) -> BackgroundTask | None:
             if self._turns.get(session_id) != turn:
                 return None  # a later request of the session has been rendered meanwhile
-            answer = _Answer(turn, position, message)
-            self._answers[session_id] = answer
-            return BackgroundTask(self.ingest_answer, session_id, answer)
+            answers = self._answers.setdefault(session_id, {})
+            answers[position] = message
+            if len(self._answers) > MAX_SESSIONS:
+                self._answers.pop(next(iter(self._answers)))
+            return BackgroundTask(self.ingest_answer, session_id, turn, message)
 
         return record
 
-    async def ingest_answer(self, session_id: str, answer: _Answer) -> None:
+    async def ingest_answer(self, session_id: str, turn: int, message: dict) -> None:
         async with self.lock(session_id):
-            # Still the session's latest answer (a next request would have taken it into its own
-            # ingestion, and a later turn makes it stale).
-            if self._answers.get(session_id) is not answer or self._turns.get(session_id) != answer.turn:
+            # A next request of the session, rendered meanwhile, has ingested it with its own list.
+            if self._turns.get(session_id) != turn:
                 return
             try:
-                await run_in_threadpool(self.backend.ingest, session_id, [answer.message], append=True)
+                await run_in_threadpool(self.backend.ingest, session_id, [message], append=True)
             except Exception as exc:  # noqa: BLE001 - an answer that cannot be stored must not break the agent
                 log.warning("session %s: the answer was not ingested: %s", session_id, exc)
-                self._answers.pop(session_id, None)
 
     # -- chat completions
 

@@ -146,6 +146,41 @@ def test_streaming_chunks_pass_through_byte_for_byte_and_the_answer_is_ingested(
     assert stored.added == 0 and stored.forked_at == -1
 
 
+class ForkSpy:
+    """The engine, recording whether each request's message list rewrote the stored history."""
+
+    def __init__(self, engine):
+        self.engine, self.forks = engine, []
+
+    def render(self, session_id, messages, **options):
+        self.forks.append(self.engine.ingest(session_id, messages).forked_at)
+        return self.engine.render(session_id, messages, **options)
+
+    def ingest(self, session_id, messages, **options):
+        return self.engine.ingest(session_id, messages, **options)
+
+
+def test_answers_echoed_over_many_turns_never_fork_the_session(engine, upstream):
+    spy = ForkSpy(engine)
+    messages = conversation(results=2, words=10)[:-1]
+    with LoopbackServer(create_app(spy, upstream.base_url, BUDGET)) as server:
+        for turn in range(4):
+            call_id = f"call_turn_{turn}"
+            upstream.enqueue(content=None if turn % 2 else "", tool_calls=[call(call_id, "read_file", {"path": f"t{turn}.py"})])
+            body = {"model": "m", "messages": messages, "stream": turn % 2 == 1}
+            response = httpx.post(f"{server.url}/v1/chat/completions", json=body, headers={SESSION_HEADER: "loop"})
+            assert response.status_code == 200
+            # As an SDK user appends the answer: every field of the message, nulls included.
+            if body["stream"]:
+                echoed = {"role": "assistant", "content": "", "function_call": None, "refusal": None,
+                          "tool_calls": [dict(call(call_id, "read_file", {"path": f"t{turn}.py"}), index=0)]}
+            else:
+                echoed = response.json()["choices"][0]["message"] | {"annotations": [], "audio": None}
+            messages = messages + [echoed, tool(call_id, f"contents of t{turn}.py")]
+            wait_for_events(engine, "loop", len(messages) - 2)  # system prompt and new tool result apart
+    assert spy.forks == [-1, -1, -1, -1]
+
+
 def test_session_comes_from_the_header_or_the_stable_prefix(engine, upstream, proxy):
     first = conversation(results=2, words=5)
     later = first[:-1] + [assistant("ok"), user("next step")]

@@ -1,0 +1,122 @@
+"""Proxy overhead: time a chat-completions request spends in the proxy, the upstream excluded.
+
+    .venv/bin/python benchmarks/proxy_bench.py [--requests 60] [--results 150] [--budget 6000]
+
+Three processes on loopback: the fake upstream (`python -m contextrender_adapters.fakeupstream`,
+an instant canned answer: one tool call), the proxy as users start it (`contextrender proxy`, the
+engine in-process on a fresh store), and this client. The client plays an agent loop on a
+session that starts with `--results` real tool results from ../shared/traces (the first request
+ingests them; not measured): each request sends the whole conversation, the upstream answers with
+a tool call, the client appends that answer and a tool result, and sends again.
+
+Per request, overhead = (round trip through the proxy) - (round trip straight to the upstream with
+the body the upstream received from the proxy, sent right after). It covers the proxy's HTTP
+handling, the render (with the ingestion of the new events), the forwarding, and the ingestion of
+the previous answer when it lands on the request path. Prints p50/p95 over the requests.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from engine_bench import history, trace_turns  # noqa: E402
+
+from contextrender_adapters.fakeupstream import free_port  # noqa: E402
+
+
+def wait_up(url: str, process: subprocess.Popen, timeout: float = 90) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            httpx.get(url, timeout=2)
+            return
+        except httpx.TransportError:
+            if process.poll() is not None:
+                raise SystemExit(f"{process.args} exited: {process.stdout.read().decode() if process.stdout else ''}")
+            if time.monotonic() > deadline:
+                raise SystemExit(f"{url} did not come up")
+            time.sleep(0.2)
+
+
+def percentile(samples: list[float], q: float) -> float:
+    ordered = sorted(samples)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))] * 1000
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--requests", type=int, default=60)
+    parser.add_argument("--results", type=int, default=150)
+    parser.add_argument("--budget", type=int, default=6000)
+    parser.add_argument("--selector", default="contextrender")
+    args = parser.parse_args()
+
+    pairs = trace_turns()
+    messages = history(pairs, args.results)[:-1]  # an agent loop: the history ends with a tool result
+    upstream_port, proxy_port = free_port(), free_port()
+    upstream_url = f"http://127.0.0.1:{upstream_port}"
+    proxy_url = f"http://127.0.0.1:{proxy_port}"
+    store = tempfile.mkdtemp(prefix="proxy-bench-")
+    env = dict(os.environ, CONTEXTRENDER_STORE=store)
+    upstream = subprocess.Popen(
+        [sys.executable, "-m", "contextrender_adapters.fakeupstream", "--port", str(upstream_port), "--tool", "bash"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    )
+    proxy = subprocess.Popen(
+        [sys.executable, "-m", "contextrender_adapters.cli", "proxy", "--upstream", f"{upstream_url}/v1",
+         "--budget", str(args.budget), "--port", str(proxy_port), "--selector", args.selector],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    )
+    try:
+        wait_up(f"{upstream_url}/v1/models", upstream)
+        wait_up(f"{proxy_url}/v1/models", proxy)
+        with httpx.Client(timeout=120) as client:
+            body = {"model": "fake-model", "messages": messages, "temperature": 0}
+            start = time.perf_counter()
+            answer = client.post(f"{proxy_url}/v1/chat/completions", json=body).json()
+            first = time.perf_counter() - start
+            through, direct, overhead, sizes = [], [], [], []
+            for i in range(args.requests):
+                message = answer["choices"][0]["message"]
+                result = pairs[(args.results + i) % len(pairs)][1]["content"]
+                messages = messages + [message, {"role": "tool", "tool_call_id": message["tool_calls"][0]["id"], "content": result}]
+                body = {"model": "fake-model", "messages": messages, "temperature": 0}
+                start = time.perf_counter()
+                response = client.post(f"{proxy_url}/v1/chat/completions", json=body)
+                t_proxy = time.perf_counter() - start
+                assert response.status_code == 200, response.text
+                answer = response.json()
+                forwarded = client.get(f"{upstream_url}/_fake/last").content
+                start = time.perf_counter()
+                client.post(f"{upstream_url}/v1/chat/completions", content=forwarded, headers={"content-type": "application/json"})
+                t_direct = time.perf_counter() - start
+                through.append(t_proxy)
+                direct.append(t_direct)
+                overhead.append(t_proxy - t_direct)
+                sizes.append(len(json.loads(forwarded)["messages"]))
+        results = sum(1 for m in messages if m["role"] == "tool")
+        print(f"proxy overhead, {args.requests} requests, session of {args.results} -> {results} results, B = {args.budget}, selector {args.selector}")
+        print(f"  first request (ingests the {args.results}-result history): {first * 1000:.0f} ms")
+        print(f"  through the proxy  p50 {percentile(through, 0.5):6.2f} ms  p95 {percentile(through, 0.95):6.2f} ms")
+        print(f"  upstream directly  p50 {percentile(direct, 0.5):6.2f} ms  p95 {percentile(direct, 0.95):6.2f} ms")
+        print(f"  time in the proxy  p50 {percentile(overhead, 0.5):6.2f} ms  p95 {percentile(overhead, 0.95):6.2f} ms  (target p50 <= 20 ms)")
+        print(f"  messages forwarded: median {statistics.median(sizes):.0f} of {len(messages)} sent at the end")
+    finally:
+        for process in (proxy, upstream):
+            process.terminate()
+            process.wait(timeout=20)
+
+
+if __name__ == "__main__":
+    main()
