@@ -1,0 +1,173 @@
+// ContextRender for opencode: before each model call, the session's history is rendered within a
+// token budget by a ContextRender server (`POST /walker/render_context`), through opencode's
+// `experimental.chat.messages.transform` hook.
+//
+// Install: copy this file to `.opencode/plugin/contextrender.js` (or list it under "plugin" in
+// opencode.json) and switch opencode's own context management off, so that ContextRender is the
+// only thing deciding what the model sees:
+//
+//   { "compaction": { "auto": false, "prune": false } }
+//
+// Settings (environment): CONTEXTRENDER_URL (default http://127.0.0.1:8000), CONTEXTRENDER_TOKEN
+// (a bearer token from the server's login), CONTEXTRENDER_BUDGET (tokens, default 6000),
+// CONTEXTRENDER_SELECTOR (default "contextrender").
+//
+// Fail-open: if the server cannot be reached or answers an error, the history goes unchanged.
+//
+// opencode calls every function a plugin module exports, so only the plugin is exported; its
+// helpers hang off it (ContextRender.toChat, .parseRender, .applyRender) for tests.
+
+/** opencode messages ({info, parts}) -> OpenAI chat-completions messages, as ContextRender stores them. */
+function toChat(messages) {
+  const chat = []
+  for (const message of messages) {
+    const role = message.info?.role
+    const parts = message.parts ?? []
+    const text = parts
+      .filter((p) => p.type === "text" && !p.ignored && typeof p.text === "string")
+      .map((p) => p.text)
+      .join("\n")
+    if (role === "user") {
+      chat.push({ role: "user", content: text })
+      continue
+    }
+    if (role !== "assistant") continue
+    const done = parts.filter((p) => p.type === "tool" && (p.state?.status === "completed" || p.state?.status === "error"))
+    if (!text && done.length === 0) continue
+    const reply = { role: "assistant", content: text }
+    if (done.length) {
+      reply.tool_calls = done.map((p) => ({
+        id: p.callID,
+        type: "function",
+        function: { name: p.tool, arguments: JSON.stringify(p.state.input ?? {}) },
+      }))
+    }
+    chat.push(reply)
+    for (const p of done) {
+      const content = p.state.status === "completed" ? String(p.state.output ?? "") : `Error: ${p.state.error ?? ""}`
+      chat.push({ role: "tool", tool_call_id: p.callID, content })
+    }
+  }
+  return chat
+}
+
+/** The rendered message list from the server's answer to POST /walker/render_context.
+ *  Assumed jac-scale envelope: {"ok": true, "data": {"result": {...}, "reports": [RenderResult]}},
+ *  the RenderResult as an object with `messages`. */
+function parseRender(body) {
+  if (body && body.ok === false) throw new Error(`ContextRender: ${JSON.stringify(body.error ?? body)}`)
+  const data = body?.data ?? body
+  const reports = data?.reports ?? data?.result?.reports ?? []
+  const report = reports.length ? reports[reports.length - 1] : data?.result
+  const messages = Array.isArray(report) ? report : report?.messages
+  if (!Array.isArray(messages)) throw new Error("ContextRender: no rendered messages in the server's answer")
+  return messages
+}
+
+function sameText(a, b) {
+  return (a ?? "") === (b ?? "")
+}
+
+/** Rebuild opencode's message list from the rendered history: results kept, replaced by their stub
+ *  or compacted, or dropped with their call; folded turns removed, the fold marker added as a
+ *  synthetic user message; cut texts replaced. Messages are copied, never changed in place. */
+function applyRender(messages, rendered) {
+  // The opencode message behind each non-tool chat message, in order.
+  const origin = []
+  for (const message of messages) {
+    for (const entry of toChat([message])) if (entry.role !== "tool") origin.push({ message, entry })
+  }
+  const results = new Map()
+  for (const m of rendered) if (m.role === "tool") results.set(m.tool_call_id, m.content)
+  const out = []
+  let next = 0
+  for (const r of rendered) {
+    if (r.role === "tool" || r.role === "system" || r.role === "developer") continue
+    const firstCall = r.tool_calls?.[0]?.id
+    let found = -1
+    for (let k = next; k < origin.length; k++) {
+      const e = origin[k].entry
+      if (e.role !== r.role) continue
+      if (firstCall ? e.tool_calls?.[0]?.id === firstCall : sameText(e.content, r.content)) {
+        found = k
+        break
+      }
+    }
+    if (found < 0 && r.role === "user" && out.length === 0) {
+      out.push(marker(messages, r.content)) // the fold marker: older turns left out
+      continue
+    }
+    if (found < 0) found = origin.findIndex((o, k) => k >= next && o.entry.role === r.role) // a cut text
+    if (found < 0) continue
+    next = found + 1
+    out.push(rebuild(origin[found].message, r, results))
+  }
+  return out
+}
+
+function marker(messages, text) {
+  const first = messages.find((m) => m.info?.role === "user") ?? messages[0]
+  const id = `${first.info.id}-contextrender`
+  return {
+    info: { ...first.info, id },
+    parts: [{ id: `${id}-text`, sessionID: first.info.sessionID, messageID: id, type: "text", text: String(text ?? ""), synthetic: true }],
+  }
+}
+
+function rebuild(message, r, results) {
+  const original = toChat([message]).find((e) => e.role !== "tool")
+  const keepText = sameText(original.content, r.content)
+  const parts = []
+  let textPlaced = false
+  for (const part of message.parts ?? []) {
+    if (part.type === "text" && !part.ignored) {
+      if (keepText) parts.push(part)
+      else if (!textPlaced && r.content) parts.push({ ...part, text: String(r.content) })
+      textPlaced = true
+      continue
+    }
+    if (part.type === "tool" && (part.state?.status === "completed" || part.state?.status === "error")) {
+      if (!results.has(part.callID)) continue // dropped with its call, or in a folded turn
+      const content = results.get(part.callID)
+      const current = part.state.status === "completed" ? String(part.state.output ?? "") : `Error: ${part.state.error ?? ""}`
+      if (content === current) parts.push(part)
+      else parts.push({ ...part, state: { ...part.state, status: "completed", output: String(content) } })
+      continue
+    }
+    if (part.type === "reasoning" && !keepText && !r.content) continue
+    parts.push(part)
+  }
+  return { info: message.info, parts }
+}
+
+export const ContextRender = async () => {
+  const env = globalThis.process?.env ?? {}
+  const url = (env.CONTEXTRENDER_URL || "http://127.0.0.1:8000").replace(/\/+$/, "")
+  const token = env.CONTEXTRENDER_TOKEN || ""
+  const budget = Number.parseInt(env.CONTEXTRENDER_BUDGET || "6000", 10)
+  const selector = env.CONTEXTRENDER_SELECTOR || "contextrender"
+  return {
+    "experimental.chat.messages.transform": async (_input, output) => {
+      const messages = output.messages
+      const sessionID = messages.find((m) => m.info?.sessionID)?.info.sessionID
+      if (!sessionID || messages.length === 0) return
+      try {
+        const response = await fetch(`${url}/walker/render_context`, {
+          method: "POST",
+          headers: { "content-type": "application/json", ...(token ? { authorization: `Bearer ${token}` } : {}) },
+          body: JSON.stringify({ session_id: `opencode-${sessionID}`, messages: toChat(messages), budget, selector }),
+        })
+        const body = await response.json().catch(() => null)
+        if (!response.ok) throw new Error(`HTTP ${response.status}: ${JSON.stringify(body)}`)
+        const rendered = applyRender(messages, parseRender(body))
+        messages.splice(0, messages.length, ...rendered) // opencode keeps its reference to this array
+      } catch (error) {
+        console.warn(`contextrender: history sent unchanged (${error?.message ?? error})`)
+      }
+    },
+  }
+}
+
+ContextRender.toChat = toChat
+ContextRender.parseRender = parseRender
+ContextRender.applyRender = applyRender
