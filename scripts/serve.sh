@@ -5,4 +5,14 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 export LITELLM_LOCAL_MODEL_COST_MAP="${LITELLM_LOCAL_MODEL_COST_MAP:-True}"
+# Tokens are signed with CONTEXTRENDER_JWT_SECRET; without one, a strong secret is generated once
+# and kept (owner-only) in .jac/jwt_secret, so tokens stay valid across restarts.
+if [ -z "${CONTEXTRENDER_JWT_SECRET:-}" ]; then
+    mkdir -p .jac
+    if [ ! -s .jac/jwt_secret ]; then
+        (umask 077 && .venv/bin/python -c "import secrets; print(secrets.token_urlsafe(48))" > .jac/jwt_secret)
+    fi
+    CONTEXTRENDER_JWT_SECRET="$(cat .jac/jwt_secret)"
+    export CONTEXTRENDER_JWT_SECRET
+fi
 exec .venv/bin/jac start contextrender.jac --no_client -p "${PORT:-8000}" < /dev/null

@@ -1,0 +1,189 @@
+"""What ContextRender adds to `jac start`'s HTTP server (imported by contextrender.jac).
+
+- Errors that say what to fix: a walker that raises one of ContextRender's errors answers with
+  its HTTP status (400, 404, 409) and message instead of jac-scale's generic 500; other failures
+  stay 500, with the traceback in the server log and never in the response.
+- A request-body limit (CONTEXTRENDER_MAX_BODY_MB, default 32): larger bodies get 413.
+- No public JWT secret: the server refuses to start with jac-scale's built-in test secret or a
+  short one, unless CONTEXTRENDER_DEV=1 (scripts/serve.sh generates and keeps a strong one).
+
+jac-scale builds its FastAPI app in its server class; this module registers a jaclang plugin whose
+server class is jac-scale's with the two additions. `jac start` imports the served module before
+it asks for the server class, and the last plugin registered answers first.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+from typing import Any
+
+from jaclang.jac0core.runtime import hookimpl, plugin_manager
+
+from graph.errors import ContextRenderError
+
+logger = logging.getLogger("contextrender.server")
+
+PUBLIC_DEFAULT_SECRET = "supersecretkey_for_testing_only!"
+MIN_SECRET_LENGTH = 32
+DEFAULT_MAX_BODY_MB = 32
+
+# The last line of a traceback names the exception: "graph.errors.InvalidRequest: message".
+_ERROR_LINE = re.compile(r"^(?:[\w.]+\.)?(\w+): ", re.MULTILINE)
+
+
+def _error_statuses() -> dict[str, int]:
+    """HTTP status of each ContextRender error class, by class name."""
+    statuses = {ContextRenderError.__name__: ContextRenderError.status}
+    pending = list(ContextRenderError.__subclasses__())
+    while pending:
+        cls = pending.pop()
+        statuses[cls.__name__] = cls.status
+        pending.extend(cls.__subclasses__())
+    return statuses
+
+
+def _error_code(name: str) -> str:
+    """InvalidRequest -> INVALID_REQUEST."""
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", name).upper()
+
+
+def map_walker_error(body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+    """The status and envelope for a failed walker call (jac-scale answers 500 for every error)."""
+    error = body.get("error") or {}
+    details = error.pop("details", None)
+    lines = [line for line in str(details or "").splitlines() if line.strip()]
+    match = _ERROR_LINE.match(lines[-1]) if lines else None
+    status = _error_statuses().get(match.group(1)) if match else None
+    if status is None or status >= 500:
+        if details:
+            logger.error("walker failed: %s\n%s", error.get("message"), details)
+        return 500, body
+    error["code"] = _error_code(match.group(1))
+    body["error"] = error
+    if isinstance(body.get("meta"), dict) and isinstance(body["meta"].get("extra"), dict):
+        body["meta"]["extra"]["http_status"] = status
+    return status, body
+
+
+def max_body_bytes() -> int:
+    return int(float(os.environ.get("CONTEXTRENDER_MAX_BODY_MB", DEFAULT_MAX_BODY_MB)) * 1024 * 1024)
+
+
+def _json_response(status: int, code: str, message: str) -> tuple[dict, bytes]:
+    body = json.dumps({"ok": False, "type": "error", "data": None, "error": {"code": code, "message": message}})
+    start = {
+        "type": "http.response.start",
+        "status": status,
+        "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
+    }
+    return start, body.encode()
+
+
+class BodyTooLarge(Exception):
+    pass
+
+
+class WalkerErrors:
+    """ASGI middleware for `/walker/` requests: the body limit and the error statuses."""
+
+    def __init__(self, app: Any, limit: int | None = None) -> None:
+        self.app = app
+        self.limit = max_body_bytes() if limit is None else limit
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or not scope["path"].startswith("/walker/"):
+            await self.app(scope, receive, send)
+            return
+        too_large = f"request body exceeds {self.limit} bytes; send fewer messages per call (append=true takes only new events) or raise CONTEXTRENDER_MAX_BODY_MB"
+        headers = dict(scope.get("headers") or [])
+        declared = headers.get(b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.limit:
+            await self._send_error(send, 413, "BODY_TOO_LARGE", too_large)
+            return
+        received = 0
+
+        async def counted_receive() -> dict:
+            nonlocal received
+            message = await receive()
+            received += len(message.get("body", b""))
+            if received > self.limit:
+                raise BodyTooLarge()
+            return message
+
+        state: dict[str, Any] = {}
+
+        async def mapped_send(message: dict) -> None:
+            if message["type"] == "http.response.start" and message["status"] == 500:
+                state["start"], state["chunks"] = message, []
+                return
+            if "start" not in state:
+                await send(message)
+                return
+            state["chunks"].append(message.get("body", b""))
+            if message.get("more_body"):
+                return
+            raw = b"".join(state["chunks"])
+            try:
+                status, body = map_walker_error(json.loads(raw))
+                raw = json.dumps(body).encode()
+            except (ValueError, AttributeError):
+                status = 500
+            start = dict(state["start"], status=status)
+            start["headers"] = [(k, v) for (k, v) in start["headers"] if k.lower() != b"content-length"]
+            start["headers"].append((b"content-length", str(len(raw)).encode()))
+            await send(start)
+            await send({"type": "http.response.body", "body": raw})
+
+        try:
+            await self.app(scope, counted_receive, mapped_send)
+        except BodyTooLarge:
+            await self._send_error(send, 413, "BODY_TOO_LARGE", too_large)
+
+    @staticmethod
+    async def _send_error(send: Any, status: int, code: str, message: str) -> None:
+        start, body = _json_response(status, code, message)
+        await send(start)
+        await send({"type": "http.response.body", "body": body})
+
+
+def check_jwt_secret(secret: str) -> None:
+    """Refuse a public or weak JWT secret outside dev mode."""
+    if secret != PUBLIC_DEFAULT_SECRET and len(secret) >= MIN_SECRET_LENGTH:
+        return
+    problem = "is jac-scale's public default" if secret == PUBLIC_DEFAULT_SECRET else f"is shorter than {MIN_SECRET_LENGTH} characters"
+    if os.environ.get("CONTEXTRENDER_DEV") == "1":
+        logger.warning("JWT secret %s: acceptable only because CONTEXTRENDER_DEV=1", problem)
+        return
+    raise SystemExit(
+        f"ContextRender refuses to start: the JWT secret {problem}, so anyone could forge tokens. "
+        "Set CONTEXTRENDER_JWT_SECRET to a random string of 32+ characters (scripts/serve.sh makes one), "
+        "or set CONTEXTRENDER_DEV=1 for a local test server."
+    )
+
+
+def server_class() -> type:
+    from jac_scale.config_loader import get_scale_config
+    from jac_scale.serve import JacAPIServer
+
+    class ContextRenderServer(JacAPIServer):
+        # Jac compiles an archetype's `postinit` to the dataclass `__post_init__`.
+        def __post_init__(self) -> None:
+            check_jwt_secret(get_scale_config().get_jwt_config()["secret"])
+            super().__post_init__()
+            self.server.app.add_middleware(WalkerErrors)
+
+    return ContextRenderServer
+
+
+class ServerPlugin:
+    @staticmethod
+    @hookimpl
+    def get_api_server_class() -> type:
+        return server_class()
+
+
+if not plugin_manager.is_registered(ServerPlugin):
+    plugin_manager.register(ServerPlugin, name="contextrender-server")
