@@ -9,7 +9,6 @@ import shutil
 import subprocess
 from pathlib import Path
 
-import httpx
 import pytest
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
