@@ -38,3 +38,13 @@ def user(text: str) -> dict:
 def load_traces(name: str) -> list[dict]:
     with open(TRACES / name) as f:
         return [json.loads(line) for line in f]
+
+
+@pytest.fixture(scope="session")
+def jac_server(tmp_path_factory):
+    """One real server for the session's HTTP tests (bodies over 1 MB are refused, to test 413)."""
+    from jacserver import JacServer
+
+    server = JacServer(tmp_path_factory.mktemp("jac_server"), CONTEXTRENDER_MAX_BODY_MB="1").start()
+    yield server
+    server.stop()

@@ -1,0 +1,178 @@
+"""The server over real HTTP on loopback, through the client: endpoints, user isolation, errors
+that say what to fix and change nothing, restart after kill -9."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import uuid
+
+import httpx
+import pytest
+
+from conftest import assistant, call, tool, user
+from contextrender_adapters.checks import pairing_problems
+from contextrender_adapters.client import AsyncClient, Client, Rendered
+from contextrender_adapters.engine import ContextRenderError, HistoryConflict, InvalidRequest, UnknownSession
+from jacserver import JAC, JacServer
+from graph.measure import get_tokenizer
+
+
+def conversation(results: int = 12) -> list[dict]:
+    messages = [{"role": "system", "content": "You are a support agent."}, user("Refund order ORD_0001 for jane.doe@example.com")]
+    for i in range(results):
+        cid = f"call_{i}"
+        messages.append(assistant(None, call(cid, "lookup", {"page": i})))
+        messages.append(tool(cid, f"page {i} ITEM_{i:04d}_SKU " + "details " * 60))
+    messages.append(assistant("Order ITEM_0003_SKU is the one; refunding.", call("call_r", "refund", {"item": "ITEM_0003_SKU"})))
+    messages.append(tool("call_r", "refund REF_77_OK issued"))
+    messages.append(user("Thanks. What was refunded?"))
+    return messages
+
+
+def account(server: JacServer) -> Client:
+    client = Client(server.url)
+    client.register(f"user_{uuid.uuid4().hex[:8]}", "secret-password-1")
+    return client
+
+
+@pytest.fixture(scope="module")
+def alice(jac_server):
+    with account(jac_server) as client:
+        yield client
+
+
+@pytest.fixture(scope="module")
+def bob(jac_server):
+    with account(jac_server) as client:
+        yield client
+
+
+def test_render_fits_the_budget_and_keeps_pairing(alice):
+    messages = conversation()
+    rendered = alice.render("r1", messages, budget=600, explain=True)
+    assert isinstance(rendered, Rendered) and rendered.selected
+    assert rendered.messages[0] == messages[0] and rendered.messages[-1] == messages[-1]
+    history = rendered.messages[1:-1]
+    assert get_tokenizer().history_tokens(history) == rendered.history_tokens <= 600
+    assert pairing_problems(rendered.messages) == []
+    # The reused result (ITEM_0003) is kept; decisions explain every result.
+    kept = {d["handle"] for d in rendered.decisions if d["status"] == "kept"}
+    assert "call_3" in kept and len(rendered.decisions) == 13
+    assert alice.explain("r1").summary()["history_tokens"] == rendered.history_tokens
+
+
+def test_session_endpoints(alice):
+    messages = conversation(4)
+    summary = alice.ingest("s-endpoints", messages)
+    assert summary["added"] == len(messages) - 1  # the system prompt is kept on the session
+    assert alice.ingest("s-endpoints", messages)["added"] == 0  # idempotent
+    session = alice.get_session("s-endpoints", include_messages=True)
+    assert session["events"] == len(messages) - 1 and session["tool_results"] == 5
+    assert session["messages"] == messages
+    assert "s-endpoints" in [s["session_id"] for s in alice.list_sessions()]
+    assert alice.configure("s-endpoints", omitted="drop")["omitted"] == "drop"
+    graph = alice.export_graph("s-endpoints")
+    kinds = {n["kind"] for n in graph["nodes"]}
+    assert {"Session", "Message", "ToolCall", "ToolResult"} <= kinds
+    reuses = [e for e in graph["edges"] if e["kind"] == "Reuses"]
+    assert reuses and all(e["values"] for e in reuses)
+    dot = alice.export_graph("s-endpoints", format="dot")["dot"]
+    assert dot.startswith("digraph") and "reuses ITEM_0003_SKU" in dot and "result of lookup" in dot
+    deleted = alice.delete_session("s-endpoints")
+    assert deleted["deleted"] and deleted["nodes"] == len(graph["nodes"])
+    with pytest.raises(UnknownSession):
+        alice.get_session("s-endpoints")
+
+
+def test_users_are_isolated(alice, bob):
+    alice.ingest("private", conversation(2))
+    assert "private" not in [s["session_id"] for s in bob.list_sessions()]
+    for attempt in (lambda: bob.get_session("private"), lambda: bob.delete_session("private"),
+                    lambda: bob.explain("private"), lambda: bob.export_graph("private")):
+        with pytest.raises(UnknownSession):
+            attempt()
+    # Bob's render under the same id makes his own session; Alice's is untouched.
+    bob.render("private", [user("bob's own")], budget=500)
+    assert alice.get_session("private")["events"] == len(conversation(2)) - 1
+    assert bob.get_session("private")["events"] == 1
+
+
+def test_health_needs_no_login_and_walkers_do(jac_server):
+    assert Client(jac_server.url).health()["status"] == "ok"
+    with pytest.raises(ContextRenderError) as failure:
+        Client(jac_server.url).list_sessions()
+    assert failure.value.status == 401
+
+
+def test_bad_input_gets_4xx_and_changes_nothing(jac_server, alice):
+    alice.ingest("guarded", conversation(2))
+    before = alice.get_session("guarded", include_messages=True)
+    bad_calls = {
+        "small budget": (lambda: alice.render("guarded", budget=10), InvalidRequest, "budget must be"),
+        "orphan tool message": (lambda: alice.ingest("guarded", [tool("nope", "x")], append=True), InvalidRequest, "no earlier assistant message"),
+        "unknown selector": (lambda: alice.render("guarded", budget=500, selector="magic"), InvalidRequest, "unknown selector"),
+        "unknown parameter": (lambda: alice.render("guarded", budget=500, decayy=0.1), InvalidRequest, "decayy"),
+        "bad role": (lambda: alice.ingest("guarded", [{"role": "robot", "content": "x"}], append=True), InvalidRequest, "role"),
+        "rewrite with reject": (lambda: alice.render("guarded", [user("different start")], budget=500, on_rewrite="reject"), HistoryConflict, "rewrite"),
+        "unknown session": (lambda: alice.export_graph("never-made"), UnknownSession, "no session"),
+        "export format": (lambda: alice.export_graph("guarded", format="svg"), InvalidRequest, "format must be"),
+    }
+    for name, (attempt, error, words) in bad_calls.items():
+        with pytest.raises(error) as failure:
+            attempt()
+        assert words in str(failure.value), name
+    headers = {"Authorization": f"Bearer {alice.token}", "content-type": "application/json"}
+    raw_cases = {
+        "not JSON": (b"{not json", 422),
+        "messages not a list": (json.dumps({"session_id": "guarded", "messages": "hi", "budget": 500}).encode(), 422),
+        "budget not a number": (json.dumps({"session_id": "guarded", "budget": "lots"}).encode(), 422),
+        "oversized body": (json.dumps({"session_id": "guarded", "messages": [user("x" * 1_200_000)], "budget": 500}).encode(), 413),
+    }
+    for name, (body, status) in raw_cases.items():
+        response = httpx.post(f"{jac_server.url}/walker/render_context", content=body, headers=headers, timeout=60)
+        assert response.status_code == status, (name, response.text[:300])
+        assert "Traceback" not in response.text
+    assert alice.get_session("guarded", include_messages=True) == before
+
+
+def test_async_client(jac_server, alice):
+    import asyncio
+
+    async def go() -> Rendered:
+        async with AsyncClient(jac_server.url, token=alice.token) as client:
+            return await client.render("async-run", conversation(3), budget=400)
+
+    rendered = asyncio.run(go())
+    assert rendered.history_tokens <= 400 and pairing_problems(rendered.messages) == []
+
+
+def test_jac_dot_draws_the_session_graph(jac_server, alice, tmp_path):
+    alice.ingest("drawn", conversation(5))
+    session_id = next(n["id"] for n in alice.export_graph("drawn")["nodes"] if n["kind"] == "Session")
+    out = tmp_path / "graph.dot"
+    done = subprocess.run([str(JAC), "dot", "contextrender.jac", "-i", f"session_node('{session_id}')", "-o", str(out)],
+                          cwd=jac_server.workdir, env=jac_server.env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    dot = out.read_text()
+    assert "Session drawn" in dot and "reuses ITEM_0003_SKU" in dot and "calls" in dot and "answered by" in dot
+
+
+def test_acknowledged_writes_survive_kill_9(tmp_path):
+    server = JacServer(tmp_path / "restart").start()
+    try:
+        client = Client(server.url)
+        client.register("durable-user", "secret-password-1")
+        messages = conversation(5)
+        first = client.render("durable", messages, budget=500)
+        client.ingest("durable", [assistant("REF_77_OK confirmed")], append=True)
+        server.kill()
+        server.start()
+        client.login("durable-user", "secret-password-1")  # the account survived too
+        session = client.get_session("durable", include_messages=True)
+        assert session["messages"] == messages + [assistant("REF_77_OK confirmed")]
+        again = client.render("durable", budget=500)
+        assert again.history_tokens <= 500 and pairing_problems(again.messages) == []
+        assert first.results == 6 and again.results == 6
+    finally:
+        server.stop()
