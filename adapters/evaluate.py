@@ -1,0 +1,267 @@
+"""The measurements of a replay: Later-Used Result Recall (paper B.4), the simulated provider
+prefix cache, and inference cost by equation 3 (4.2, C.2). Pure functions, no engine."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from graph.measure import content_text
+from graph.values import recall_tokens
+
+# Result-age bins of the paper's Table 2 (turns between a result's creation and its reuse).
+AGE_BINS: tuple[tuple[str, int, int], ...] = (
+    ("<=3", 0, 3),
+    ("4-10", 4, 10),
+    ("11-25", 11, 25),
+    (">25", 26, 10**9),
+)
+
+
+def age_bin(age: int) -> str:
+    for name, low, high in AGE_BINS:
+        if low <= age <= high:
+            return name
+    raise ValueError(f"negative age {age}")
+
+
+@dataclass(frozen=True)
+class ReuseEvent:
+    """Assistant turn `turn` (message position) repeats a token first seen in the tool result
+    at position `result` (answering `call_id`); `age` counts model invocations between them."""
+
+    turn: int
+    result: int
+    call_id: str
+    age: int
+
+
+def _assistant_text(message: dict) -> str:
+    # Prose, code and tool-call arguments (the function name is the tool, not a value).
+    parts = [content_text(message.get("content"))]
+    for call in message.get("tool_calls") or []:
+        parts.append(str((call.get("function") or {}).get("arguments") or ""))
+    return "\n".join(parts)
+
+
+def reuse_events(messages: list[dict]) -> list[ReuseEvent]:
+    """B.4 lexical reuse events of one transcript: a token (recall_tokens) is linked to a tool
+    result only when its first transcript appearance is in that result (not in a system or user
+    message or an earlier assistant turn); a later assistant turn holding it labels an event;
+    each distinct (turn, result) pair counts once."""
+    source: dict[str, int] = {}  # token -> position of the result that introduced it, or -1
+    call_turn: dict[str, int] = {}
+    result_turn: dict[int, int] = {}
+    result_call: dict[int, str] = {}
+    invocation = 0
+    events: list[ReuseEvent] = []
+    for position, message in enumerate(messages):
+        role = message.get("role")
+        if role == "assistant":
+            invocation += 1
+            tokens = recall_tokens(_assistant_text(message))
+            hit = sorted({source[t] for t in tokens if source.get(t, -1) >= 0})
+            for result in hit:
+                events.append(ReuseEvent(position, result, result_call[result], invocation - result_turn[result]))
+            for token in tokens:
+                source.setdefault(token, -1)
+            for call in message.get("tool_calls") or []:
+                call_turn[call["id"]] = invocation
+        elif role == "tool":
+            call_id = message.get("tool_call_id", "")
+            result_turn[position] = call_turn.get(call_id, invocation)
+            result_call[position] = call_id
+            for token in recall_tokens(content_text(message.get("content"))):
+                source.setdefault(token, position)
+        else:
+            for token in recall_tokens(content_text(message.get("content"))):
+                source.setdefault(token, -1)
+    return events
+
+
+def visible_results(rendered: list[dict], originals: dict[str, Any]) -> set[str]:
+    """Call ids whose complete original result text is in the rendered messages (B.4
+    visibility: a stub, a compaction or a summary does not count)."""
+    return {
+        m["tool_call_id"]
+        for m in rendered
+        if m.get("role") == "tool" and m.get("tool_call_id") in originals and m.get("content") == originals[m["tool_call_id"]]
+    }
+
+
+class PrefixCache:
+    """A provider prefix cache simulated per session: the leading messages of a request that
+    are identical to the previous request's count as cached (message granularity, no minimum
+    length). Also gives each request's exact input tokens."""
+
+    def __init__(self, tokenizer: Any, memo: dict | None = None) -> None:
+        self.tokenizer = tokenizer
+        self.previous: list[dict] = []
+        self.counts: list[int] = []
+        # Token counts by message content, shareable between the sessions of one trace.
+        self.memo: dict = {} if memo is None else memo
+
+    def tokens(self, message: dict) -> int:
+        content = message.get("content")
+        calls = tuple(
+            (c.get("id"), (c.get("function") or {}).get("name"), (c.get("function") or {}).get("arguments"))
+            for c in message.get("tool_calls") or []
+        )
+        if not isinstance(content, (str, type(None))):
+            return self.tokenizer.message_tokens(message)
+        key = (message.get("role"), message.get("tool_call_id"), content, calls)
+        count = self.memo.get(key)
+        if count is None:
+            count = self.memo[key] = self.tokenizer.message_tokens(message)
+        return count
+
+    def request(self, messages: list[dict]) -> tuple[int, int]:
+        """(input tokens, cached tokens) of the next request."""
+        shared = 0
+        for before, now in zip(self.previous, messages):
+            if before is not now and before != now:
+                break
+            shared += 1
+        counts = self.counts[:shared] + [self.tokens(m) for m in messages[shared:]]
+        self.previous, self.counts = messages, counts
+        return sum(counts), sum(counts[:shared])
+
+
+@dataclass(frozen=True)
+class Prices:
+    """USD per million tokens: equation 3's standardised prices."""
+
+    input: float = 2.0
+    cached_input: float = 0.5
+    output: float = 8.0
+    embedding: float = 0.13
+
+
+@dataclass
+class Usage:
+    """Token usage of one task (trace) under one method: P (with its cached part), O, E."""
+
+    input: int = 0
+    cached: int = 0
+    output: int = 0
+    embedding: int = 0
+
+    def add(self, other: "Usage") -> None:
+        self.input += other.input
+        self.cached += other.cached
+        self.output += other.output
+        self.embedding += other.embedding
+
+
+def cost_eq3(usage: Usage, rho: float, prices: Prices = Prices()) -> float:
+    """Equation 3: C = ([2(1 - rho) + 0.5 rho] P + 8 O + 0.13 E) / 1e6, rho a fixed cache rate."""
+    per_input = prices.input * (1.0 - rho) + prices.cached_input * rho
+    return (per_input * usage.input + prices.output * usage.output + prices.embedding * usage.embedding) / 1e6
+
+
+def cost_cached(usage: Usage, prices: Prices = Prices()) -> float:
+    """Equation 3 with each method's own (simulated) cached tokens instead of a fixed rho."""
+    return (
+        prices.input * (usage.input - usage.cached)
+        + prices.cached_input * usage.cached
+        + prices.output * usage.output
+        + prices.embedding * usage.embedding
+    ) / 1e6
+
+
+def percentile(values: list[float], q: float) -> float:
+    """Nearest-rank percentile (q in [0, 100]); NaN for no values."""
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    rank = min(len(ordered), max(1, math.ceil(len(ordered) * q / 100.0)))
+    return ordered[rank - 1]
+
+
+@dataclass
+class VariantStats:
+    """One (selector, budget) over the traces of one replay."""
+
+    selector: str
+    budget: int
+    events: dict[str, int] = field(default_factory=lambda: {name: 0 for name, _, _ in AGE_BINS})
+    hits: dict[str, int] = field(default_factory=lambda: {name: 0 for name, _, _ in AGE_BINS})
+    renders: int = 0
+    managed: int = 0
+    history_sum: int = 0
+    history_max: int = 0
+    input_sum: int = 0
+    input_max: int = 0
+    latency_ms: list[float] = field(default_factory=list)
+    # Per trace: usage, and whether the full history exceeded B before some invocation (T_CM).
+    usage: dict[str, Usage] = field(default_factory=dict)
+    needs_management: dict[str, bool] = field(default_factory=dict)
+    summary_calls: int = 0
+
+    def recall(self, bin_name: str | None = None) -> float:
+        names = [bin_name] if bin_name else list(self.events)
+        total = sum(self.events[n] for n in names)
+        return 100.0 * sum(self.hits[n] for n in names) / total if total else float("nan")
+
+    def event_count(self, bin_name: str | None = None) -> int:
+        return self.events[bin_name] if bin_name else sum(self.events.values())
+
+    def to_dict(self) -> dict:
+        return {
+            "selector": self.selector, "budget": self.budget,
+            "events": self.events, "hits": self.hits, "renders": self.renders, "managed": self.managed,
+            "history_sum": self.history_sum, "history_max": self.history_max,
+            "input_sum": self.input_sum, "input_max": self.input_max,
+            "latency_ms": [round(x, 3) for x in self.latency_ms],
+            "usage": {k: vars(v) for k, v in self.usage.items()},
+            "needs_management": self.needs_management, "summary_calls": self.summary_calls,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "VariantStats":
+        stats = cls(selector=data["selector"], budget=data["budget"])
+        for name in ("events", "hits", "renders", "managed", "history_sum", "history_max", "input_sum",
+                     "input_max", "latency_ms", "needs_management", "summary_calls"):
+            setattr(stats, name, data[name])
+        stats.usage = {k: Usage(**v) for k, v in data["usage"].items()}
+        return stats
+
+    def merge(self, other: "VariantStats") -> None:
+        for name in self.events:
+            self.events[name] += other.events[name]
+            self.hits[name] += other.hits[name]
+        self.renders += other.renders
+        self.managed += other.managed
+        self.history_sum += other.history_sum
+        self.history_max = max(self.history_max, other.history_max)
+        self.input_sum += other.input_sum
+        self.input_max = max(self.input_max, other.input_max)
+        self.latency_ms.extend(other.latency_ms)
+        self.usage.update(other.usage)
+        self.needs_management.update(other.needs_management)
+        self.summary_calls += other.summary_calls
+
+
+def cost_summary(stats: dict[str, VariantStats], reference: VariantStats, prices: Prices = Prices()) -> dict[str, dict]:
+    """Mean cost per task over the tasks whose full history exceeded B (C.1's T_CM), priced by
+    equation 3 with rho observed for `full` (its simulated cache rate on those tasks), and by
+    each method's own simulated cache; both also as ratios to `full` (C.2: ratio of means)."""
+    tasks = sorted(t for t, needed in reference.needs_management.items() if needed)
+    out: dict[str, dict] = {}
+    if not tasks:
+        return out
+    full_input = sum(reference.usage[t].input for t in tasks)
+    rho = sum(reference.usage[t].cached for t in tasks) / full_input if full_input else 0.0
+    base_eq3 = sum(cost_eq3(reference.usage[t], rho, prices) for t in tasks) / len(tasks)
+    base_cached = sum(cost_cached(reference.usage[t], prices) for t in tasks) / len(tasks)
+    for name, variant in stats.items():
+        eq3 = sum(cost_eq3(variant.usage[t], rho, prices) for t in tasks) / len(tasks)
+        cached = sum(cost_cached(variant.usage[t], prices) for t in tasks) / len(tasks)
+        inputs = sum(variant.usage[t].input for t in tasks)
+        out[name] = {
+            "tasks": len(tasks), "rho_full": rho, "cost_eq3": eq3, "ratio_eq3": eq3 / base_eq3 if base_eq3 else float("nan"),
+            "cost_cached": cached, "ratio_cached": cached / base_cached if base_cached else float("nan"),
+            "own_cache_rate": sum(variant.usage[t].cached for t in tasks) / inputs if inputs else 0.0,
+        }
+    return out

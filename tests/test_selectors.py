@@ -1,0 +1,190 @@
+"""Selectors (walkers/selectors.jac): one registry, shared budget accounting and validity, the B.2
+baselines' orderings, and the summary selectors (byLLM typed slots, or the labelled stand-in)."""
+
+from __future__ import annotations
+
+import pytest
+from byllm.lib import MockLLM
+
+import walkers.compact as compact
+from contextrender_adapters import InvalidRequest, RenderConfig
+from contextrender_adapters.checks import pairing_problems
+from graph.measure import get_tokenizer
+from tests.conftest import assistant, call, tool, user
+from tests.test_render import filler
+from walkers.selectors import SELECTORS
+
+TOK = get_tokenizer()
+ALL = ["full", "prune", "semantic", "recency-summary", "compact", "cr-recency", "cr-relevance", "cr-recency-relevance", "contextrender"]
+
+
+def rendered_history(result, messages) -> list[dict]:
+    """Rendered history: minus the system prompt and the current (trailing) user message."""
+    system = len([m for m in messages if m["role"] in ("system", "developer")])
+    current = 1 if messages[-1]["role"] == "user" else 0
+    return result.messages[system:len(result.messages) - current]
+
+
+def session(turns: int = 10, size: int = 150) -> list[dict]:
+    messages = [{"role": "system", "content": "you are an agent"}, user("fix the parser in src/parse.py")]
+    for i in range(turns):
+        messages += [assistant(f"step {i}", call(f"c{i}", "read", {"path": f"src/mod{i}.py"})),
+                     tool(f"c{i}", f"VALUE_{i}000 " + filler(f"t{i}x", size))]
+    return messages + [user("continue")]
+
+
+def test_the_registry_is_what_render_config_accepts():
+    assert sorted(SELECTORS) == sorted(ALL)
+    for name in SELECTORS:
+        assert RenderConfig.build({"selector": name, "summariser": "offline"}).selector == name
+    with pytest.raises(InvalidRequest, match="unknown selector 'lru'"):
+        RenderConfig.build({"selector": "lru"})
+    # B.3: the ablations keep their terms at full weight and zero the others.
+    assert RenderConfig.build({"selector": "cr-recency-relevance"}).weights() == (1.0, 0.0, 1.0)
+    assert RenderConfig.build({"selector": "contextrender", "w_reuse": 2.0}).weights() == (1.0, 2.0, 1.0)
+
+
+@pytest.mark.parametrize("omitted", ["stub", "drop"])
+@pytest.mark.parametrize("selector", ALL)
+def test_every_selector_fits_the_budget_and_pairs_calls(engine, selector, omitted):
+    messages = session()
+    budget = 900
+    for end in range(4, len(messages) + 1, 2):
+        part = messages[:end]
+        result = engine.render("s", part, budget=budget, selector=selector, omitted=omitted, summariser="offline")
+        history = rendered_history(result, part)
+        assert result.history_tokens == TOK.history_tokens(history), (selector, end)
+        if selector != "full":
+            assert result.history_tokens <= budget, (selector, end)
+        assert pairing_problems(result.messages) == [], (selector, end)
+    assert result.selected == (selector != "full")
+
+
+def test_full_passes_everything_through_even_above_the_budget(engine):
+    messages = session()
+    result = engine.render("s", messages, budget=300, selector="full")
+    assert result.messages == messages and not result.selected
+    assert result.history_tokens > 300
+
+
+def kept(result) -> set[str]:
+    return {d.handle for d in result.decisions if d.status == "kept"}
+
+
+def test_prune_keeps_the_newest_results_that_fit_and_skips_one_that_does_not(engine):
+    messages = [user("go")]
+    sizes = [40, 40, 40, 100, 40]  # the 100-word result is smaller than B: not compacted
+    for i, n in enumerate(sizes):
+        messages += [assistant(None, call(f"c{i}", "t", {})), tool(f"c{i}", filler(f"p{i}q", n))]
+    messages.append(user("next"))
+    # Exactly the room for the newest small results (each with its call), not for the big one.
+    pair = {i: TOK.message_tokens(messages[1 + 2 * i]) + TOK.message_tokens(messages[2 + 2 * i]) for i in range(5)}
+    budget = TOK.message_tokens(messages[0]) + pair[4] + pair[2] + pair[1] + 2
+    result = engine.render("s", messages, budget=budget, selector="prune", omitted="drop", explain=True)
+    assert kept(result) == {"c4", "c2", "c1"}
+    picks = sorted((d.pick, d.handle) for d in result.decisions if d.pick >= 0)
+    assert [h for _, h in picks] == ["c4", "c2", "c1"]  # newest first; c3 skipped, not a stop
+
+
+def test_semantic_takes_recent_turns_first_then_the_closest_older_result(engine):
+    messages = [user("start")]
+    messages += [assistant(None, call("old_fruit", "search", {})), tool("old_fruit", "apple banana cherry orchard harvest fruit " * 12)]
+    messages += [assistant(None, call("old_space", "search", {})), tool("old_space", "galaxy nebula quasar telescope orbit star " * 12)]
+    for i in range(3):
+        messages += [assistant(None, call(f"r{i}", "noop", {})), tool(f"r{i}", filler(f"n{i}m", 30))]
+    messages.append(user("which apple banana cherry fruit was in the orchard harvest?"))
+    cost = TOK.message_tokens(messages[2])
+    base = sum(TOK.message_tokens(m) for m in messages[:-1] if m["role"] != "tool")
+    recent = sum(TOK.message_tokens(m) for m in messages[6:12] if m["role"] == "tool")
+    budget = base + recent + cost + 20
+    # The whole recent quota (recent_share=1) so that all three recent results come first.
+    result = engine.render("s", messages, budget=budget, selector="semantic", omitted="drop", recent_share=1.0, explain=True)
+    assert kept(result) == {"r0", "r1", "r2", "old_fruit"}
+    picks = [h for _, h in sorted((d.pick, d.handle) for d in result.decisions if d.pick >= 0)]
+    assert picks == ["r2", "r1", "r0", "old_fruit"]
+
+
+def test_semantic_recent_results_use_at_most_their_share_of_the_budget(engine):
+    messages = [user("start")]
+    messages += [assistant(None, call("old", "search", {})), tool("old", "apple banana cherry orchard harvest fruit " * 15)]
+    for i in range(3):
+        messages += [assistant(None, call(f"r{i}", "noop", {})), tool(f"r{i}", filler(f"n{i}m", 25))]
+    messages.append(user("which apple banana cherry fruit was in the orchard harvest?"))
+    pair = {i: TOK.message_tokens(messages[i]) + TOK.message_tokens(messages[i + 1]) for i in (1, 3, 5, 7)}
+    base = TOK.message_tokens(messages[0])
+    # Room for two recent results and one more (r0 or the older relevant one), not both.
+    budget = base + pair[5] + pair[7] + max(pair[1], pair[3]) + 2
+    quota = (pair[5] + pair[7] + 1) / budget  # r2 and r1 fit the recent quota, r0 does not
+    tight = engine.render("s", messages, budget=budget, selector="semantic", omitted="drop", recent_share=quota, explain=True)
+    assert kept(tight) == {"r2", "r1", "old"}
+    assert sum(d.cost for d in tight.decisions if d.pick in (0, 1)) <= quota * budget
+    loose = engine.render("s", messages, budget=budget, selector="semantic", omitted="drop", recent_share=1.0, explain=True)
+    assert kept(loose) == {"r2", "r1", "r0"}
+
+
+def test_summary_selectors_refuse_without_a_model(engine, monkeypatch):
+    monkeypatch.setattr(compact, "compact_llm", None)
+    for selector in ("recency-summary", "compact"):
+        with pytest.raises(InvalidRequest, match="CONTEXTRENDER_MODEL"):
+            engine.render("s", session(), budget=600, selector=selector)
+
+
+@pytest.mark.parametrize("selector", ["recency-summary", "compact"])
+def test_the_offline_stand_in_says_what_it_is(engine, selector):
+    messages = session()
+    result = engine.render("s", messages, budget=1500, selector=selector, summariser="offline")
+    summary = next(m for m in result.messages if "summary of earlier history" in str(m.get("content")))
+    assert "NOT an LLM" in summary["content"] and "offline extractive stand-in" in summary["content"]
+    assert result.summariser == "offline" and result.summary_tokens == TOK.message_tokens(summary)
+    assert summary["content"].index("Files read:") < summary["content"].index("Unresolved questions:")
+
+
+def slots(tag: str) -> "compact.HistorySummary":
+    return compact.HistorySummary(
+        files_read=["src/parse.py"], key_observations=[f"{tag}: VALUE_1000 seen"], commands_run=["read src/mod1.py"],
+        decisions=["fix the parser"], unresolved_questions=["why does VALUE_2000 fail?"],
+    )
+
+
+def test_compact_summarises_with_the_model_once_and_keeps_it_on_the_graph(engine, monkeypatch):
+    mock = MockLLM(model_name="mockllm", config={"outputs": [slots("first"), slots("second")]})
+    monkeypatch.setattr(compact, "compact_llm", mock)
+    messages = session()
+    budget = 700
+    first = engine.render("s", messages, budget=budget, selector="compact")
+    history = rendered_history(first, messages)
+    assert len(history) == 1 and "first: VALUE_1000 seen" in history[0]["content"]
+    for slot in ("Files read:", "Key observations:", "Commands run:", "Decisions:", "Unresolved questions:"):
+        assert slot in history[0]["content"]
+    assert first.summary_calls == 1 and first.summariser == "llm" and first.history_tokens <= budget
+    # A re-render reuses the stored summary: no model call.
+    again = engine.render("s", messages, budget=budget, selector="compact")
+    assert again.summary_calls == 0 and rendered_history(again, messages) == history
+    assert len(mock.seen_prompts) == 1
+    # New turns follow the summary verbatim while they fit ...
+    grown = messages + [assistant("step 10", call("c10", "read", {})), tool("c10", "short"), user("more")]
+    later = engine.render("s", grown, budget=budget, selector="compact")
+    assert later.summary_calls == 0 and [m.get("tool_call_id") for m in rendered_history(later, grown)][-1] == "c10"
+    assert pairing_problems(later.messages) == []
+    # ... and when they no longer fit, the earlier summary is merged into a new one.
+    grown = grown + [assistant("step 11", call("c11", "read", {})), tool("c11", filler("big", 300)), user("and more")]
+    merged = engine.render("s", grown, budget=budget, selector="compact")
+    assert merged.summary_calls == 1 and "second: VALUE_1000 seen" in rendered_history(merged, grown)[0]["content"]
+    assert "first: VALUE_1000 seen" in mock.seen_prompts[1]  # the earlier summary was in the prompt
+
+
+def test_recency_summary_keeps_recent_results_and_merges_its_earlier_summary(engine, monkeypatch):
+    mock = MockLLM(model_name="mockllm", config={"outputs": [slots("first"), slots("second")]})
+    monkeypatch.setattr(compact, "compact_llm", mock)
+    messages = session(size=60)
+    budget = 2000
+    result = engine.render("s", messages, budget=budget, selector="recency-summary", explain=True)
+    assert result.summary_calls == 1 and result.history_tokens <= budget
+    shown = {d.handle for d in result.decisions if d.status == "kept"}
+    assert "c9" in shown and "c0" not in shown  # recent kept, older summarised
+    assert all("summarised" in d.reason for d in result.decisions if d.status == "omitted")
+    assert engine.render("s", messages, budget=budget, selector="recency-summary").summary_calls == 0
+    grown = messages + [assistant("step 10", call("c10", "read", {})), tool("c10", filler("new", 150)), user("more")]
+    later = engine.render("s", grown, budget=budget, selector="recency-summary")
+    assert later.summary_calls == 1 and pairing_problems(later.messages) == []
+    assert "first: VALUE_1000 seen" in mock.seen_prompts[1]
