@@ -10,11 +10,9 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
-from starlette.concurrency import run_in_threadpool
 
 from contextrender_adapters.checks import pairing_problems
+from contextrender_adapters.client import Client
 from contextrender_adapters.fakeupstream import FakeUpstream, LoopbackServer
 from contextrender_adapters.proxy import create_app
 from graph.measure import get_tokenizer
@@ -110,28 +108,6 @@ def test_openclaw_provider_entry_points_at_the_proxy_and_its_api_works(proxy_url
 
 # ---------------------------------------------------------------- opencode
 
-TOKEN = "test-token"
-
-
-def render_server(engine) -> FastAPI:
-    """A stand-in for `jac start`'s `POST /walker/render_context` with the real engine behind it,
-    answering in jac-scale's envelope: {"ok": true, "data": {"result": ..., "reports": [...]}}."""
-    app = FastAPI()
-
-    @app.post("/walker/render_context")
-    async def render_context(request: Request):
-        if request.headers.get("authorization") != f"Bearer {TOKEN}":
-            return JSONResponse({"ok": False, "error": {"message": "unauthorized"}}, status_code=401)
-        body = await request.json()
-        result = await run_in_threadpool(
-            lambda: engine.render(body["session_id"], body["messages"], budget=body["budget"], selector=body.get("selector", ""))
-        )
-        report = result.summary() | {"messages": result.messages}
-        return {"ok": True, "type": "response", "data": {"result": {"session_id": body["session_id"]}, "reports": [report]}}
-
-    return app
-
-
 def opencode_session(results: int = 10, words: int = 120) -> list[dict]:
     """An opencode session as the transform hook gets it: {info, parts} per message."""
     session = "ses_test1"
@@ -158,7 +134,7 @@ def opencode_session(results: int = 10, words: int = 120) -> list[dict]:
     return messages
 
 
-def run_plugin(url: str, messages: list[dict], token: str = TOKEN) -> dict:
+def run_plugin(url: str, messages: list[dict], token: str) -> dict:
     env = dict(os.environ, CONTEXTRENDER_URL=url, CONTEXTRENDER_TOKEN=token, CONTEXTRENDER_BUDGET=str(BUDGET))
     done = subprocess.run(
         ["node", str(ROOT / "tests" / "node" / "opencode_transform.mjs"), str(ROOT / "integrations" / "opencode" / "contextrender.js")],
@@ -168,14 +144,15 @@ def run_plugin(url: str, messages: list[dict], token: str = TOKEN) -> dict:
 
 
 @pytest.mark.skipif(shutil.which("node") is None, reason="needs Node (v20 is at /usr/bin/node on the dev machines)")
-def test_opencode_plugin_renders_the_history_through_the_server(engine):
+def test_opencode_plugin_renders_the_history_through_the_server(jac_server):
     messages = opencode_session()
-    with LoopbackServer(render_server(engine)) as server:
-        out = run_plugin(server.url, messages)
+    with Client(jac_server.url) as client:
+        client.register("opencode-user", "secret-password-1")
+        out = run_plugin(jac_server.url, messages, client.token)
         sent = out["sent"]
         assert TOK.history_tokens(history(sent)) > 4 * BUDGET
-        # What opencode now sends is exactly the engine's render of the session.
-        expected = engine.render("opencode-ses_test1", sent, budget=BUDGET).messages
+        # What opencode now sends is exactly the server's render of the session.
+        expected = client.render("opencode-ses_test1", sent, budget=BUDGET).messages
         assert out["chat"] == expected
         assert TOK.history_tokens(history(out["chat"])) <= BUDGET
         assert pairing_problems(out["chat"]) == []
@@ -194,7 +171,7 @@ def test_opencode_plugin_renders_the_history_through_the_server(engine):
                     stubbed += part["state"]["output"] != before["state"]["output"]
         assert stubbed > 0
         # Fail-open: the server refuses the token, the history goes unchanged.
-        refused = run_plugin(server.url, messages, token="wrong")
+        refused = run_plugin(jac_server.url, messages, token="wrong")
         assert refused["messages"] == messages
         assert "history sent unchanged" in refused["stderr"]
 
