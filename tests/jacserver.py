@@ -7,7 +7,6 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -15,16 +14,12 @@ from pathlib import Path
 
 import httpx
 
+from contextrender_adapters.fakeupstream import free_port
+
 REPO = Path(__file__).resolve().parent.parent
 JAC = Path(sys.executable).parent / "jac"
 SERVED = ("contextrender.jac", "jac.toml", "graph", "walkers")
 START_TIMEOUT = 240.0
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class JacServer:

@@ -266,3 +266,26 @@ def test_the_command_runs_the_engine_in_process(tmp_path, upstream):
     finally:
         process.terminate()
         process.wait(timeout=20)
+
+
+def test_proxy_with_a_server_backend(jac_server, upstream):
+    """`--server`: the proxy renders through a running `jac start` server with the client."""
+    from contextrender_adapters.client import Client
+
+    client = Client(jac_server.url)
+    client.register("proxy-user", "secret-password-1")
+    messages = conversation()
+    upstream.enqueue(content="Found it.")
+    with LoopbackServer(create_app(client, upstream.base_url, BUDGET)) as server:
+        response = httpx.post(f"{server.url}/v1/chat/completions", json={"model": "m", "messages": messages},
+                              headers={SESSION_HEADER: "via-server"})
+        assert response.status_code == 200 and response.content == upstream.requests[-1].sent
+    sent = upstream.requests[-1].json["messages"]
+    assert TOK.history_tokens(history(sent)) <= BUDGET < TOK.history_tokens(history(messages))
+    assert pairing_problems(sent) == [] and sent[0] == messages[0] and sent[-1] == messages[-1]
+    deadline = time.monotonic() + 10
+    while client.get_session("via-server")["events"] < len(messages):  # the answer, ingested after the response
+        assert time.monotonic() < deadline, "the answer was never ingested"
+        time.sleep(0.05)
+    stored = client.get_session("via-server", include_messages=True)["messages"]
+    assert stored[-1] == {"role": "assistant", "content": "Found it."}
