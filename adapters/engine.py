@@ -66,6 +66,11 @@ class Engine:
                 walker.in_process = True
                 # The spawn ends with jaclang's commit to the store: acknowledged means durable.
                 done = spawn(walker, ctx.get_root())
+            except BaseException:
+                # A failed call leaves nothing behind (as on the server): drop its uncommitted
+                # writes before close() would commit them.
+                ctx.mem.abort()
+                raise
             finally:
                 JacRuntime.reset_request_context(token)
                 ctx.close()

@@ -7,7 +7,9 @@ import subprocess
 import sys
 import textwrap
 
-from contextrender_adapters import Engine
+import pytest
+
+from contextrender_adapters import Engine, InvalidRequest
 
 WRITER = textwrap.dedent(
     """
@@ -35,3 +37,11 @@ def test_acknowledged_events_survive_kill_9(tmp_path):
     result = engine.render("s", budget=1000, explain=True)
     assert result.messages[:3] == messages and result.messages[3]["content"] == "KEY_123456 found"
     assert [d.reuse_count for d in result.decisions] == [1.0]
+
+
+def test_a_failed_call_stores_nothing(engine):
+    engine.ingest("s", [{"role": "user", "content": "first"}])
+    new = [{"role": "user", "content": "first"}, {"role": "assistant", "content": "ORDER_123456 noted"}]
+    with pytest.raises(InvalidRequest, match="budget"):
+        engine.render("s", new, budget=10)  # ingests, then the render refuses the budget
+    assert engine.get_session("s", include_messages=True)["messages"] == new[:1]

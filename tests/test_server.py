@@ -110,6 +110,7 @@ def test_bad_input_gets_4xx_and_changes_nothing(jac_server, alice):
     before = alice.get_session("guarded", include_messages=True)
     bad_calls = {
         "small budget": (lambda: alice.render("guarded", budget=10), InvalidRequest, "budget must be"),
+        "small budget with new events": (lambda: alice.render("guarded", conversation(3), budget=10), InvalidRequest, "budget must be"),
         "orphan tool message": (lambda: alice.ingest("guarded", [tool("nope", "x")], append=True), InvalidRequest, "no earlier assistant message"),
         "unknown selector": (lambda: alice.render("guarded", budget=500, selector="magic"), InvalidRequest, "unknown selector"),
         "unknown parameter": (lambda: alice.render("guarded", budget=500, decayy=0.1), InvalidRequest, "decayy"),
