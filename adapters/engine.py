@@ -12,6 +12,10 @@ PROJECT_ROOT = Path(__file__).resolve().parent.parent
 if str(PROJECT_ROOT) not in sys.path:
     sys.path.insert(0, str(PROJECT_ROOT))
 
+# litellm (imported by byLLM) otherwise tries to download its price list at import; there is no
+# network on many agent hosts, and its bundled copy is what we want.
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+
 import jaclang  # noqa: E402,F401  (installs the .jac import hook)
 from jaclang.jac0core.runtime import JacRuntime, JacUtils  # noqa: E402
 from jaclang.lib import spawn  # noqa: E402
