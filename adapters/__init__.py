@@ -1,23 +1,43 @@
-"""ContextRender's Python layer: the in-process engine (more adapters build on it)."""
+"""ContextRender's Python layer: the in-process `Engine`, the server `Client`, the proxy and the
+replay harness. Names are imported on first use, so `contextrender --help` and the proxy's
+command line do not wait for the engine to load."""
 
-from contextrender_adapters.engine import (
-    ContextRenderError,
-    Engine,
-    HistoryConflict,
-    InvalidRequest,
-    RenderConfig,
-    RenderResult,
-    ResultDecision,
-    UnknownSession,
-)
+from __future__ import annotations
 
-__all__ = [
-    "Engine",
-    "RenderConfig",
-    "RenderResult",
-    "ResultDecision",
-    "ContextRenderError",
-    "InvalidRequest",
-    "UnknownSession",
-    "HistoryConflict",
-]
+import importlib
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+# The Jac modules (graph/, walkers/) live in the project folder beside this package.
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+if str(PROJECT_ROOT) not in sys.path:
+    sys.path.insert(0, str(PROJECT_ROOT))
+
+# litellm (imported by byLLM) otherwise tries to download its price list at import; there is no
+# network on many agent hosts, and its bundled copy is what we want.
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+
+import jaclang  # noqa: E402,F401  (installs the .jac import hook)
+
+_EXPORTS = {
+    "Engine": "engine",
+    "RenderConfig": "engine",
+    "RenderResult": "engine",
+    "ResultDecision": "engine",
+    "ContextRenderError": "engine",
+    "InvalidRequest": "engine",
+    "UnknownSession": "engine",
+    "HistoryConflict": "engine",
+    "Client": "client",
+    "AsyncClient": "client",
+}
+
+__all__ = list(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'contextrender_adapters' has no attribute {name!r}")
+    return getattr(importlib.import_module(f"contextrender_adapters.{_EXPORTS[name]}"), name)

@@ -18,13 +18,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in COMMAND_MODULES:
-        try:
-            module = importlib.import_module(f"contextrender_adapters.{name}")
-        except ModuleNotFoundError as missing:
-            if missing.name != f"contextrender_adapters.{name}":
-                raise
-            continue
-        module.register(commands)
+        importlib.import_module(f"contextrender_adapters.{name}").register(commands)
     return parser
 
 

@@ -3,27 +3,17 @@
 from __future__ import annotations
 
 import os
-import sys
 import threading
 from pathlib import Path
 from typing import Any
 
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
-if str(PROJECT_ROOT) not in sys.path:
-    sys.path.insert(0, str(PROJECT_ROOT))
+from jaclang.jac0core.runtime import JacRuntime, JacUtils
+from jaclang.lib import spawn
 
-# litellm (imported by byLLM) otherwise tries to download its price list at import; there is no
-# network on many agent hosts, and its bundled copy is what we want.
-os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
-
-import jaclang  # noqa: E402,F401  (installs the .jac import hook)
-from jaclang.jac0core.runtime import JacRuntime, JacUtils  # noqa: E402
-from jaclang.lib import spawn  # noqa: E402
-
-from graph.errors import ContextRenderError, InvalidRequest, UnknownSession, HistoryConflict  # noqa: E402
-from walkers.ingest import IngestSummary, ingest_events  # noqa: E402
-from walkers.sessions import delete_session, export_graph, get_session, list_sessions  # noqa: E402
-from walkers.render import (  # noqa: E402
+from graph.errors import ContextRenderError, InvalidRequest, UnknownSession, HistoryConflict
+from walkers.ingest import IngestSummary, ingest_events
+from walkers.sessions import delete_session, export_graph, get_session, list_sessions
+from walkers.render import (
     RenderConfig,
     RenderResult,
     ResultDecision,
