@@ -282,6 +282,8 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--price-cached", type=float, default=prices.cached_input, help="USD per 1M cached input tokens (eq. 3: 0.5)")
     parser.add_argument("--price-output", type=float, default=prices.output, help="USD per 1M output tokens (eq. 3: 8)")
     parser.add_argument("--price-embedding", type=float, default=prices.embedding, help="USD per 1M embedding tokens (eq. 3: 0.13)")
+    parser.add_argument("--set", dest="params", action="append", default=[], metavar="NAME=VALUE",
+                        help="any other RenderConfig setting for every render, e.g. --set fold_target=0.25 (repeatable)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
@@ -335,12 +337,32 @@ def _check_selectors(args: argparse.Namespace) -> list[str] | None:
 
 
 def _settings(args: argparse.Namespace) -> dict[str, Any]:
-    return {"summariser": args.summariser, "omitted": args.omitted}
+    settings: dict[str, Any] = {"summariser": args.summariser, "omitted": args.omitted}
+    for item in args.params:
+        name, _, text = item.partition("=")
+        try:
+            settings[name.strip()] = json.loads(text)
+        except json.JSONDecodeError:
+            settings[name.strip()] = text
+    return settings
+
+
+def _settings_valid(args: argparse.Namespace) -> bool:
+    from contextrender_adapters.engine import InvalidRequest, RenderConfig
+
+    try:
+        RenderConfig.build(_settings(args))
+    except InvalidRequest as bad:
+        print(f"error: {bad}", file=sys.stderr)
+        return False
+    return True
 
 
 def run_replay(args: argparse.Namespace) -> int:
     selectors = _check_selectors(args)
     if selectors is None:
+        return 2
+    if not _settings_valid(args):
         return 2
     traces = load_traces(args.traces, args.limit)
     variants = [(s, b) for b in args.budgets for s in selectors]
@@ -361,6 +383,8 @@ def run_sweep(args: argparse.Namespace) -> int:
 
     selectors = _check_selectors(args)
     if selectors is None:
+        return 2
+    if not _settings_valid(args):
         return 2
     files = [Path(p) for p in args.traces] or sorted(DEFAULT_TRACES.glob("*.jsonl"))
     out = Path(args.out)

@@ -131,7 +131,9 @@ def write(datasets: dict[str, dict], out: Path, prices: Prices, command: str) ->
             f"{saved['traces']} traces{' (first ' + str(limit) + ' of the file)' if limit else ''}; budgets "
             f"{', '.join(str(b) for b in saved['budgets'])}; summariser `{settings.get('summariser')}`"
             + (" (the offline extractive stand-in, not an LLM)" if settings.get("summariser") == "offline" else "")
-            + f"; omitted results: `{settings.get('omitted')}`.",
+            + f"; omitted results: `{settings.get('omitted')}`"
+            + "".join(f"; `{k}` = {v}" for k, v in settings.items() if k not in ("summariser", "omitted"))
+            + ".",
             "",
             markdown_table(rows_by_dataset[name]),
             "",
