@@ -132,9 +132,9 @@ class FakeUpstream:
     def _build(self) -> FastAPI:
         app = FastAPI(docs_url=None, redoc_url=None, openapi_url=None)
 
-        @app.get("/v1/models")
+        @app.api_route("/v1/models", methods=["GET", "HEAD"])
         async def models(request: Request) -> Response:
-            self.requests.append(Recorded("GET", request.url.path, dict(request.headers), b""))
+            self.requests.append(Recorded(request.method, request.url.path, dict(request.headers), b""))
             return JSONResponse(self.MODELS, headers={"x-fake-upstream": "models"})
 
         @app.post("/v1/chat/completions")

@@ -29,7 +29,9 @@ import hashlib
 import json
 import logging
 import os
+import re
 import zlib
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable
 from typing import Any, Protocol
 
@@ -39,11 +41,16 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.background import BackgroundTask
 from starlette.concurrency import run_in_threadpool
 
+from graph.measure import content_text
+
 __all__ = ["Backend", "create_app", "derive_session", "register", "SESSION_HEADER"]
 
 log = logging.getLogger("contextrender.proxy")
 
 SESSION_HEADER = "x-contextrender-session"
+_DIGITS = re.compile(r"\d+")
+# Engine errors that are the request's fault (malformed messages, a rewrite refused, too large).
+_REQUEST_FAULTS = {400, 409, 413, 422}
 DEFAULT_SELECTOR = "contextrender"
 # Sessions whose stored answers the proxy remembers (oldest forgotten first).
 MAX_SESSIONS = 10_000
@@ -66,32 +73,21 @@ class Backend(Protocol):
 # ---------------------------------------------------------------- sessions
 
 
-def _text(content: Any) -> str:
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "".join(p.get("text", "") for p in content if isinstance(p, dict) and isinstance(p.get("text"), str))
-    return json.dumps(content, sort_keys=True)
-
-
 def derive_session(messages: list[dict]) -> str:
     """The session of a conversation that names none: a hash of its stable prefix, the leading
-    system/developer messages and the first user message. Every later call of the same run sends
-    the same prefix, so it maps to the same session; two runs that start identically share one
-    (send `X-ContextRender-Session` to keep them apart)."""
+    system/developer messages (with every number blanked: agents put dates and times there) and
+    the first user message. Every later call of the same run sends the same prefix, so it maps to
+    the same session; two runs that start identically share one (send `X-ContextRender-Session`
+    to keep them apart)."""
     prefix: list[list[str]] = []
     for message in messages:
         role = message.get("role") if isinstance(message, dict) else None
         if role in ("system", "developer"):
-            prefix.append([role, _text(message.get("content"))])
+            prefix.append([role, _DIGITS.sub("#", content_text(message.get("content")))])
             continue
         if role == "user":
-            prefix.append([role, _text(message.get("content"))])
-            break
-        if prefix and prefix[-1][0] not in ("system", "developer"):
-            break
+            prefix.append([role, content_text(message.get("content"))])
+        break
     digest = hashlib.sha256(json.dumps(prefix, ensure_ascii=False).encode()).hexdigest()
     return f"proxy-{digest[:24]}"
 
@@ -111,18 +107,32 @@ def _same_turn(a: Any, b: dict) -> bool:
     return (
         isinstance(a, dict)
         and a.get("role") == b.get("role")
-        and _text(a.get("content")) == _text(b.get("content"))
+        and content_text(a.get("content")) == content_text(b.get("content"))
         and _calls(a) == _calls(b)
     )
 
 
 def _normal(message: Any) -> Any:
-    """An assistant message without its null or empty fields (`refusal: null`, `annotations: []`,
-    ...), which SDKs add or drop when they re-serialise an answer. Every assistant message is
-    stored in this form, so an answer sent back by the agent matches the stored one."""
+    """An assistant message with only the fields a chat-completions request takes: role, content
+    (`""` as null), name, refusal, and tool calls as id, type and function name and arguments.
+    SDKs add or drop fields when they re-serialise an answer (`refusal: null`, `annotations: []`,
+    an `index` in tool calls), and providers return fields they refuse to be sent back (DeepSeek's
+    `reasoning_content`), which the history budget would not count either. Every assistant message
+    is stored and forwarded in this form, so an echoed answer matches the stored one."""
     if not isinstance(message, dict) or message.get("role") != "assistant":
         return message
-    return {k: v for k, v in message.items() if k in ("role", "content") or (v is not None and v != [])}
+    out: dict[str, Any] = {"role": "assistant", "content": message.get("content") or None}
+    for key in ("name", "refusal"):
+        if message.get(key):
+            out[key] = message[key]
+    calls = [c for c in message.get("tool_calls") or [] if isinstance(c, dict)]
+    if calls:
+        out["tool_calls"] = [
+            {"id": c.get("id"), "type": c.get("type") or "function",
+             "function": {"name": (c.get("function") or {}).get("name"), "arguments": (c.get("function") or {}).get("arguments")}}
+            for c in calls
+        ]
+    return out
 
 
 # ---------------------------------------------------------------- the answer, from a body or a stream
@@ -225,6 +235,13 @@ def _raw(headers: list[tuple[str, str]]) -> list[tuple[bytes, bytes]]:
     return [(k.encode("latin-1"), v.encode("latin-1")) for (k, v) in headers]
 
 
+class _SessionState:
+    def __init__(self) -> None:
+        self.lock = asyncio.Lock()
+        self.turn = 0
+        self.answers: dict[int, dict] = {}
+
+
 class _Proxy:
     def __init__(
         self, backend: Backend, upstream: str, budget: int, selector: str, fail_closed: bool,
@@ -236,10 +253,9 @@ class _Proxy:
         self.selector = selector or DEFAULT_SELECTOR
         self.fail_closed = fail_closed
         self.client = client
-        self._locks: dict[str, asyncio.Lock] = {}
-        self._turns: dict[str, int] = {}
-        # Per session, the answers the proxy stored, by their position in the message list.
-        self._answers: dict[str, dict[int, dict]] = {}
+        # Per session, least recently used first: its lock, its request count, and the answers
+        # the proxy stored, by their position in the message list.
+        self._sessions: OrderedDict[str, _SessionState] = OrderedDict()
 
     # -- upstream plumbing
 
@@ -265,14 +281,20 @@ class _Proxy:
                 status_code=502,
             )
         out_headers = [(k, v) for (k, v) in response.headers.multi_items() if k.lower() not in _RESPONSE_SKIP]
-        wants_answer = on_answer is not None and response.status_code == 200
+        if on_answer is None:
+            # Passthrough: the bytes as they come, with the upstream's length (HEAD included).
+            length = response.headers.get("content-length")
+            relayed = StreamingResponse(response.aiter_raw(), status_code=response.status_code, background=BackgroundTask(response.aclose))
+            relayed.raw_headers = _raw(out_headers + ([("content-length", length)] if length is not None else []))
+            return relayed
+        wants_answer = response.status_code == 200
         decoder = _Decoder(response.headers.get("content-encoding", ""))
         if "text/event-stream" not in response.headers.get("content-type", ""):
             try:
                 raw = b"".join([chunk async for chunk in response.aiter_raw()])
             finally:
                 await response.aclose()
-            task = None
+            task = None  # a chat-completions answer (JSON): read whole to ingest it
             if wants_answer and decoder.ok:
                 answer = _body_answer(decoder.feed(raw))
                 task = on_answer(answer) if answer else None
@@ -310,8 +332,19 @@ class _Proxy:
 
     # -- sessions
 
-    def lock(self, session_id: str) -> asyncio.Lock:
-        return self._locks.setdefault(session_id, asyncio.Lock())
+    def session(self, session_id: str) -> _SessionState:
+        """The session's state, marked as just used; the least recently used idle sessions are
+        forgotten beyond MAX_SESSIONS (their answers then match by normal form only)."""
+        state = self._sessions.get(session_id)
+        if state is None:
+            state = self._sessions[session_id] = _SessionState()
+        self._sessions.move_to_end(session_id)
+        while len(self._sessions) > MAX_SESSIONS:
+            (oldest, old) = next(iter(self._sessions.items()))
+            if old.lock.locked():
+                break  # in use: forget it later
+            del self._sessions[oldest]
+        return state
 
     def reconcile(self, session_id: str, messages: list) -> list:
         """The message list as the session stores it: assistant messages in normal form, and
@@ -319,8 +352,8 @@ class _Proxy:
         from streams or SDK objects: `content` "" for null, extra keys in tool calls). Without
         this the engine, which compares exactly, would take every echoed answer for a rewrite."""
         messages = [_normal(m) for m in messages]
-        stored = self._answers.get(session_id)
-        for position in sorted(stored or ()):
+        stored = self.session(session_id).answers
+        for position in sorted(stored):
             if position < len(messages) and _same_turn(messages[position], stored[position]):
                 messages[position] = stored[position]
                 continue
@@ -332,20 +365,19 @@ class _Proxy:
 
     def answered(self, session_id: str, turn: int, position: int) -> Callable[[dict], BackgroundTask | None]:
         def record(message: dict) -> BackgroundTask | None:
-            if self._turns.get(session_id) != turn:
+            state = self.session(session_id)
+            if state.turn != turn:
                 return None  # a later request of the session has been rendered meanwhile
-            answers = self._answers.setdefault(session_id, {})
-            answers[position] = message
-            if len(self._answers) > MAX_SESSIONS:
-                self._answers.pop(next(iter(self._answers)))
+            state.answers[position] = message
             return BackgroundTask(self.ingest_answer, session_id, turn, message)
 
         return record
 
     async def ingest_answer(self, session_id: str, turn: int, message: dict) -> None:
-        async with self.lock(session_id):
+        state = self.session(session_id)
+        async with state.lock:
             # A next request of the session, rendered meanwhile, has ingested it with its own list.
-            if self._turns.get(session_id) != turn:
+            if state.turn != turn:
                 return
             try:
                 await run_in_threadpool(self.backend.ingest, session_id, [message], append=True)
@@ -365,9 +397,10 @@ class _Proxy:
         messages = body["messages"]
         session_id = request.headers.get(SESSION_HEADER) or derive_session(messages)
         failure: Exception | None = None
-        async with self.lock(session_id):
-            turn = self._turns.get(session_id, 0) + 1
-            self._turns[session_id] = turn
+        state = self.session(session_id)
+        async with state.lock:
+            state.turn += 1
+            turn = state.turn
             try:
                 prepared = self.reconcile(session_id, messages)
                 result = await run_in_threadpool(
@@ -385,11 +418,11 @@ class _Proxy:
     async def engine_failed(self, request: Request, raw: bytes, session_id: str, exc: Exception) -> Response:
         status = getattr(exc, "status", 500)
         if self.fail_closed:
-            code = status if isinstance(status, int) and 400 <= status < 500 else 502
-            return JSONResponse(
-                {"error": {"message": f"ContextRender: {exc}", "type": type(exc).__name__, "code": code}},
-                status_code=code,
-            )
+            # The request's own faults go back as such; anything else (the server down, an
+            # expired login) is the proxy's failure, not the agent's: 502.
+            code = status if status in _REQUEST_FAULTS else 502
+            kind = "invalid_request_error" if code != 502 else "contextrender_error"
+            return JSONResponse({"error": {"message": f"ContextRender: {exc}", "type": kind, "code": code}}, status_code=code)
         log.warning("session %s: render failed, forwarding the original request: %s: %s", session_id, type(exc).__name__, exc)
         return await self.forward(request, raw)
 

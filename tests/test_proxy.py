@@ -11,6 +11,7 @@ import time
 import httpx
 import pytest
 
+from contextrender_adapters import UnknownSession
 from contextrender_adapters.checks import pairing_problems
 from contextrender_adapters.fakeupstream import FakeUpstream, LoopbackServer, free_port
 from contextrender_adapters.proxy import SESSION_HEADER, create_app, derive_session
@@ -40,10 +41,17 @@ def history(messages: list[dict]) -> list[dict]:
     return rest[:-1] if rest and rest[-1]["role"] == "user" else rest
 
 
+def _events(engine, session_id: str) -> int:
+    try:
+        return engine.get_session(session_id)["events"]
+    except UnknownSession:
+        return 0
+
+
 def wait_for_events(engine, session_id: str, events: int) -> None:
     """Until the session's chain holds `events` events (the answer is ingested after the response)."""
     deadline = time.monotonic() + 10
-    while engine.ingest(session_id, [], append=True).events < events:  # appending nothing: a read
+    while _events(engine, session_id) < events:
         assert time.monotonic() < deadline, f"session {session_id} never reached {events} events"
         time.sleep(0.02)
 
@@ -186,6 +194,10 @@ def test_session_comes_from_the_header_or_the_stable_prefix(engine, upstream, pr
     other = [SYSTEM, user("A different task."), assistant("ok"), user("go")]
     assert derive_session(first) == derive_session(later) != derive_session(other)
     assert derive_session([{"role": "developer", "content": "x"}, user("y")]) != derive_session([SYSTEM, user("y")])
+    # Agents stamp the date or time into their system prompt: the session stays the same.
+    dated = [{"role": "system", "content": "Today is 2026-11-29 10:00."}, user("Fix the bug.")]
+    later_that_day = [{"role": "system", "content": "Today is 2026-11-29 10:01."}, user("Fix the bug."), assistant("ok"), user("go")]
+    assert derive_session(dated) == derive_session(later_that_day)
     with proxy() as server:
         for messages in (first, other):
             assert httpx.post(f"{server.url}/v1/chat/completions", json={"model": "m", "messages": messages}).status_code == 200
@@ -211,6 +223,50 @@ def test_engine_failure_forwards_the_original_request_unless_fail_closed(engine,
         assert response.status_code == 400
         assert "call_missing" in response.json()["error"]["message"]
         assert len(upstream.requests) == calls
+
+
+class BrokenBackend:
+    """A backend whose server is down."""
+
+    def render(self, *args, **kwargs):
+        raise ConnectionError("server unreachable")
+
+    def ingest(self, *args, **kwargs):
+        raise ConnectionError("server unreachable")
+
+
+def test_fail_closed_answers_502_when_the_engine_itself_fails(upstream):
+    with LoopbackServer(create_app(BrokenBackend(), upstream.base_url, BUDGET, fail_closed=True)) as server:
+        response = httpx.post(f"{server.url}/v1/chat/completions", json={"model": "m", "messages": conversation(1, 5)})
+    assert response.status_code == 502 and "server unreachable" in response.json()["error"]["message"]
+    assert upstream.requests == []
+
+
+def test_fields_a_request_does_not_take_are_not_sent_back(engine, upstream, proxy):
+    """DeepSeek answers with `reasoning_content` and refuses requests that send it back; it is
+    also no part of the history budget. The proxy stores and forwards answers without it."""
+    messages = conversation(results=2, words=5)
+    upstream.enqueue(content="Looking.")
+    with proxy() as server:
+        headers = {SESSION_HEADER: "reasoner"}
+        assert httpx.post(f"{server.url}/v1/chat/completions", json={"model": "m", "messages": messages}, headers=headers).status_code == 200
+        wait_for_events(engine, "reasoner", len(messages))
+        echoed = {"role": "assistant", "content": "Looking.", "reasoning_content": "step by step " * 200, "refusal": None}
+        follow = messages + [echoed, user("Go on.")]
+        assert httpx.post(f"{server.url}/v1/chat/completions", json={"model": "m", "messages": follow}, headers=headers).status_code == 200
+    sent = upstream.requests[-1].json["messages"]
+    assert sent[-2] == {"role": "assistant", "content": "Looking."}
+    assert all("reasoning_content" not in m for m in sent)
+    stored = engine.get_session("reasoner", include_messages=True)["messages"]
+    assert stored[: len(follow)] == messages + [{"role": "assistant", "content": "Looking."}, user("Go on.")]
+
+
+def test_head_and_other_paths_keep_the_upstream_length(upstream, proxy):
+    with proxy() as server:
+        head = httpx.head(f"{server.url}/v1/models")
+        get = httpx.get(f"{server.url}/v1/models")
+    assert head.status_code == get.status_code == 200
+    assert head.headers["content-length"] == get.headers["content-length"] == str(len(get.content))
 
 
 def test_other_paths_and_upstream_errors_pass_through(engine, upstream, proxy):
