@@ -188,3 +188,9 @@ def test_recency_summary_keeps_recent_results_and_merges_its_earlier_summary(eng
     later = engine.render("s", grown, budget=budget, selector="recency-summary")
     assert later.summary_calls == 1 and pairing_problems(later.messages) == []
     assert "first: VALUE_1000 seen" in mock.seen_prompts[1]
+
+
+def test_explain_says_which_results_compact_summarised(engine):
+    result = engine.render("s", session(), budget=700, selector="compact", summariser="offline", explain=True)
+    assert {d.status for d in result.decisions} == {"omitted"}
+    assert all(d.reason == "summarised (compact), not shown in full" for d in result.decisions)
