@@ -30,8 +30,9 @@ PUBLIC_DEFAULT_SECRET = "supersecretkey_for_testing_only!"
 MIN_SECRET_LENGTH = 32
 DEFAULT_MAX_BODY_MB = 32
 
-# The last line of a traceback names the exception: "graph.errors.InvalidRequest: message".
-_ERROR_LINE = re.compile(r"^(?:[\w.]+\.)?(\w+): ", re.MULTILINE)
+# A traceback ends with the exception: "graph.errors.InvalidRequest: message" (a message may
+# run over several lines).
+_ERROR_LINE = re.compile(r"^(?:[\w.]+\.)?(\w+): ")
 
 
 def _error_statuses() -> dict[str, int]:
@@ -54,9 +55,14 @@ def map_walker_error(body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
     """The status and envelope for a failed walker call (jac-scale answers 500 for every error)."""
     error = body.get("error") or {}
     details = error.pop("details", None)
-    lines = [line for line in str(details or "").splitlines() if line.strip()]
-    match = _ERROR_LINE.match(lines[-1]) if lines else None
-    status = _error_statuses().get(match.group(1)) if match else None
+    statuses = _error_statuses()
+    match = None
+    for line in reversed(str(details or "").splitlines()):
+        found = _ERROR_LINE.match(line)
+        if found and found.group(1) in statuses:
+            match = found
+            break
+    status = statuses[match.group(1)] if match else None
     if status is None or status >= 500:
         if details:
             logger.error("walker failed: %s\n%s", error.get("message"), details)
@@ -82,10 +88,6 @@ def _json_response(status: int, code: str, message: str) -> tuple[dict, bytes]:
     return start, body.encode()
 
 
-class BodyTooLarge(Exception):
-    pass
-
-
 class WalkerErrors:
     """ASGI middleware for `/walker/` requests: the body limit and the error statuses."""
 
@@ -104,18 +106,24 @@ class WalkerErrors:
             await self._send_error(send, 413, "BODY_TOO_LARGE", too_large)
             return
         received = 0
+        state: dict[str, Any] = {}
 
         async def counted_receive() -> dict:
+            # A body without a declared length (chunked) is cut off once it passes the limit;
+            # the app's own error answer to the cut body is then replaced by the 413.
             nonlocal received
             message = await receive()
             received += len(message.get("body", b""))
             if received > self.limit:
-                raise BodyTooLarge()
+                state["too_large"] = True
+                return {"type": "http.disconnect"}
             return message
 
-        state: dict[str, Any] = {}
-
         async def mapped_send(message: dict) -> None:
+            if state.get("too_large"):
+                if message["type"] == "http.response.start":
+                    await self._send_error(send, 413, "BODY_TOO_LARGE", too_large)
+                return
             if message["type"] == "http.response.start" and message["status"] == 500:
                 state["start"], state["chunks"] = message, []
                 return
@@ -139,7 +147,9 @@ class WalkerErrors:
 
         try:
             await self.app(scope, counted_receive, mapped_send)
-        except BodyTooLarge:
+        except Exception:
+            if not state.get("too_large"):
+                raise
             await self._send_error(send, 413, "BODY_TOO_LARGE", too_large)
 
     @staticmethod

@@ -73,6 +73,9 @@ def test_session_endpoints(alice):
     assert "s-endpoints" in [s["session_id"] for s in alice.list_sessions()]
     assert alice.configure("s-endpoints", omitted="drop")["omitted"] == "drop"
     graph = alice.export_graph("s-endpoints")
+    first = alice.export_graph("s-endpoints", limit=3)
+    assert [n["kind"] for n in first["nodes"]] == ["Session", "Message", "Message"]
+    assert all(e["from"] in {n["id"] for n in first["nodes"]} and e["to"] in {n["id"] for n in first["nodes"]} for e in first["edges"])
     kinds = {n["kind"] for n in graph["nodes"]}
     assert {"Session", "Message", "ToolCall", "ToolResult"} <= kinds
     reuses = [e for e in graph["edges"] if e["kind"] == "Reuses"]
@@ -134,6 +137,21 @@ def test_bad_input_gets_4xx_and_changes_nothing(jac_server, alice):
         response = httpx.post(f"{jac_server.url}/walker/render_context", content=body, headers=headers, timeout=60)
         assert response.status_code == status, (name, response.text[:300])
         assert "Traceback" not in response.text
+
+    def chunked(body: bytes):  # no content-length: the limit applies as the body arrives
+        for start in range(0, len(body), 65536):
+            yield body[start:start + 65536]
+
+    oversized = raw_cases["oversized body"][0]
+    response = httpx.post(f"{jac_server.url}/walker/render_context", content=chunked(oversized), headers=headers, timeout=60)
+    assert response.status_code == 413, response.text[:300]
+    # A read endpoint does not create what it reads, whatever the body says.
+    response = httpx.post(f"{jac_server.url}/walker/get_session", json={"session_id": "not-made", "create": True}, headers=headers)
+    assert response.status_code == 404
+    with pytest.raises(InvalidRequest, match="session_id"):
+        alice.render("", [user("x")], budget=500)
+    with pytest.raises(InvalidRequest, match="limit"):
+        alice.export_graph("guarded", limit=0)
     assert alice.get_session("guarded", include_messages=True) == before
 
 
