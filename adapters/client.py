@@ -1,18 +1,21 @@
 """A typed client for the ContextRender server (`jac start contextrender.jac`).
 
-Same method names as the in-process `Engine`; errors are the same classes (`InvalidRequest` 400,
-`UnknownSession` 404, `HistoryConflict` 409, else `ContextRenderError` with the HTTP status), with
-the server's message.
+Same method names as the in-process `Engine`; errors are the same classes (`InvalidRequest`,
+`UnknownSession`, `HistoryConflict`, else `ContextRenderError` with the HTTP status as `.status`),
+with the server's message.
 
     client = Client("http://127.0.0.1:8000")
     client.login("alice", "secret123")           # or Client(url, token=...)
     rendered = client.render("run-42", messages, budget=6000)
     rendered.messages, rendered.summary()
+
+`AsyncClient` has the same calls as coroutines.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,7 +24,9 @@ import httpx
 from contextrender_adapters.engine import ContextRenderError, HistoryConflict, InvalidRequest, UnknownSession
 
 DEFAULT_URL = os.environ.get("CONTEXTRENDER_URL", "http://127.0.0.1:8000")
-ERRORS_BY_STATUS = {400: InvalidRequest, 404: UnknownSession, 409: HistoryConflict}
+# The server names its errors (adapters/server.py); a bare status, such as a 404 from a wrong URL,
+# is only a ContextRenderError.
+ERRORS_BY_CODE = {"INVALID_REQUEST": InvalidRequest, "UNKNOWN_SESSION": UnknownSession, "HISTORY_CONFLICT": HistoryConflict}
 
 
 @dataclass
@@ -53,7 +58,9 @@ def _error(response: httpx.Response) -> ContextRenderError:
         body = response.json()
     except ValueError:
         body = {}
+    code = None
     if isinstance(body, dict) and isinstance(body.get("error"), dict):
+        code = body["error"].get("code")
         message = body["error"].get("message") or response.reason_phrase
     elif isinstance(body, dict) and "detail" in body:
         # FastAPI's request validation (wrong JSON types, malformed JSON).
@@ -64,42 +71,95 @@ def _error(response: httpx.Response) -> ContextRenderError:
         )
     else:
         message = response.text[:500] or response.reason_phrase
-    error = ERRORS_BY_STATUS.get(response.status_code, ContextRenderError)(f"HTTP {response.status_code}: {message}")
+    error = ERRORS_BY_CODE.get(code, ContextRenderError)(f"HTTP {response.status_code}: {message}")
     error.status = response.status_code
     return error
 
 
-def _report(response: httpx.Response) -> Any:
-    """The walker's one report from a jac-scale response envelope."""
+def _checked(response: httpx.Response) -> httpx.Response:
     if response.status_code >= 400:
         raise _error(response)
-    data = response.json().get("data") or {}
-    reports = data.get("reports") or []
+    return response
+
+
+def _report(response: httpx.Response) -> Any:
+    """The walker's one report from a jac-scale response envelope."""
+    reports = (_checked(response).json().get("data") or {}).get("reports") or []
     return reports[0] if reports else None
+
+
+def _token(response: httpx.Response) -> str:
+    return _checked(response).json()["data"]["token"]
 
 
 def _credentials(username: str, password: str) -> dict:
     return {"identity": {"type": "username", "value": username}, "credential": {"type": "password", "password": password}}
 
 
-def _render_body(session_id: str, messages: list[dict] | None, budget: int, selector: str, explain: bool, params: dict) -> dict:
-    return {
-        "session_id": session_id,
-        "messages": messages or [],
-        "budget": budget,
-        "selector": selector,
-        "params": params,
-        "include_decisions": explain,
-    }
+def _account(username: str, password: str) -> dict:
+    return {"identities": [{"type": "username", "value": username}], "credential": {"type": "password", "password": password}}
 
 
-class Client:
-    """Synchronous client. Thread-safe (httpx.Client is)."""
+class _Endpoints:
+    """Every endpoint as a request body and what to make of the report. `_call` and `_then` are
+    synchronous in `Client` and coroutines in `AsyncClient`."""
+
+    def _call(self, walker: str, body: dict) -> Any:
+        raise NotImplementedError
+
+    def _then(self, pending: Any, convert: Callable[[Any], Any]) -> Any:
+        raise NotImplementedError
+
+    def ingest(self, session_id: str, messages: list[dict], *, append: bool = False) -> Any:
+        """Add the unseen events of `messages` to the session (created on first use)."""
+        return self._call("ingest_events", {"session_id": session_id, "messages": messages, "append": append})
+
+    def render(self, session_id: str, messages: list[dict] | None = None, *, budget: int, selector: str = "",
+               explain: bool = False, **params: Any) -> Any:
+        """Ingest what is new in `messages`, then render the history within `budget` tokens."""
+        body = {"session_id": session_id, "messages": messages or [], "budget": budget, "selector": selector,
+                "params": params, "include_decisions": explain}
+        return self._then(self._call("render_context", body), Rendered.from_report)
+
+    def explain(self, session_id: str) -> Any:
+        """The session's last render with its per-result decisions."""
+        return self._then(self._call("explain_render", {"session_id": session_id}), Rendered.from_report)
+
+    def configure(self, session_id: str, **params: Any) -> Any:
+        return self._call("configure_session", {"session_id": session_id, "params": params})
+
+    def get_session(self, session_id: str, *, include_messages: bool = False) -> Any:
+        return self._call("get_session", {"session_id": session_id, "include_messages": include_messages})
+
+    def list_sessions(self) -> Any:
+        return self._call("list_sessions", {})
+
+    def delete_session(self, session_id: str) -> Any:
+        return self._call("delete_session", {"session_id": session_id})
+
+    def export_graph(self, session_id: str, *, format: str = "json", limit: int = 2000) -> Any:
+        return self._call("export_graph", {"session_id": session_id, "format": format, "limit": limit})
+
+    def health(self) -> Any:
+        return self._call("health", {})
+
+    def _headers(self) -> dict:
+        return {"Authorization": f"Bearer {self.token}"} if self.token else {}
+
+    def _may_log_in_again(self, response: httpx.Response) -> bool:
+        """A refused token (expired: jac-scale's last 7 days) is renewed once when the client
+        logged in with a password."""
+        return response.status_code == 401 and self._password is not None
+
+
+class Client(_Endpoints):
+    """Synchronous client; thread-safe (httpx.Client is)."""
 
     def __init__(self, base_url: str = DEFAULT_URL, *, token: str | None = None, timeout: float = 120.0,
                  transport: httpx.BaseTransport | None = None) -> None:
         self.http = httpx.Client(base_url=base_url, timeout=timeout, transport=transport)
         self.token = token
+        self._password: tuple[str, str] | None = None
 
     def __enter__(self) -> Client:
         return self
@@ -110,68 +170,36 @@ class Client:
     def close(self) -> None:
         self.http.close()
 
-    # ---------------------------------------------------------------- accounts
-
     def register(self, username: str, password: str) -> str:
         """Create an account and log in with it; returns the token."""
-        body = {"identities": [{"type": "username", "value": username}], "credential": {"type": "password", "password": password}}
-        response = self.http.post("/user/register", json=body)
-        if response.status_code >= 400:
-            raise _error(response)
+        _checked(self.http.post("/user/register", json=_account(username, password)))
         return self.login(username, password)
 
     def login(self, username: str, password: str) -> str:
-        """Log in; later calls use the token. Returns it."""
-        response = self.http.post("/user/login", json=_credentials(username, password))
-        if response.status_code >= 400:
-            raise _error(response)
-        self.token = response.json()["data"]["token"]
+        """Log in; later calls send the token. Returns it."""
+        self.token = _token(self.http.post("/user/login", json=_credentials(username, password)))
+        self._password = (username, password)
         return self.token
 
-    # ---------------------------------------------------------------- endpoints
+    def _call(self, walker: str, body: dict) -> Any:
+        response = self.http.post(f"/walker/{walker}", json=body, headers=self._headers())
+        if self._may_log_in_again(response):
+            self.login(*self._password)
+            response = self.http.post(f"/walker/{walker}", json=body, headers=self._headers())
+        return _report(response)
 
-    def call(self, walker: str, body: dict) -> Any:
-        """POST /walker/<walker> with `body`; returns its report."""
-        headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
-        return _report(self.http.post(f"/walker/{walker}", json=body, headers=headers))
-
-    def ingest(self, session_id: str, messages: list[dict], *, append: bool = False) -> dict:
-        return self.call("ingest_events", {"session_id": session_id, "messages": messages, "append": append})
-
-    def render(self, session_id: str, messages: list[dict] | None = None, *, budget: int, selector: str = "",
-               explain: bool = False, **params: Any) -> Rendered:
-        """Ingest what is new in `messages`, then render the history within `budget` tokens."""
-        return Rendered.from_report(self.call("render_context", _render_body(session_id, messages, budget, selector, explain, params)))
-
-    def explain(self, session_id: str) -> Rendered:
-        return Rendered.from_report(self.call("explain_render", {"session_id": session_id}))
-
-    def configure(self, session_id: str, **params: Any) -> dict:
-        return self.call("configure_session", {"session_id": session_id, "params": params})
-
-    def get_session(self, session_id: str, *, include_messages: bool = False) -> dict:
-        return self.call("get_session", {"session_id": session_id, "include_messages": include_messages})
-
-    def list_sessions(self) -> list[dict]:
-        return self.call("list_sessions", {})
-
-    def delete_session(self, session_id: str) -> dict:
-        return self.call("delete_session", {"session_id": session_id})
-
-    def export_graph(self, session_id: str, *, format: str = "json", limit: int = 2000) -> dict:
-        return self.call("export_graph", {"session_id": session_id, "format": format, "limit": limit})
-
-    def health(self) -> dict:
-        return self.call("health", {})
+    def _then(self, pending: Any, convert: Callable[[Any], Any]) -> Any:
+        return convert(pending)
 
 
-class AsyncClient:
-    """The same client for asyncio code (an agent loop, the proxy)."""
+class AsyncClient(_Endpoints):
+    """The same client for asyncio code; every endpoint method is a coroutine."""
 
     def __init__(self, base_url: str = DEFAULT_URL, *, token: str | None = None, timeout: float = 120.0,
                  transport: httpx.AsyncBaseTransport | None = None) -> None:
         self.http = httpx.AsyncClient(base_url=base_url, timeout=timeout, transport=transport)
         self.token = token
+        self._password: tuple[str, str] | None = None
 
     async def __aenter__(self) -> AsyncClient:
         return self
@@ -179,23 +207,21 @@ class AsyncClient:
     async def __aexit__(self, *exc: object) -> None:
         await self.http.aclose()
 
+    async def register(self, username: str, password: str) -> str:
+        _checked(await self.http.post("/user/register", json=_account(username, password)))
+        return await self.login(username, password)
+
     async def login(self, username: str, password: str) -> str:
-        response = await self.http.post("/user/login", json=_credentials(username, password))
-        if response.status_code >= 400:
-            raise _error(response)
-        self.token = response.json()["data"]["token"]
+        self.token = _token(await self.http.post("/user/login", json=_credentials(username, password)))
+        self._password = (username, password)
         return self.token
 
-    async def call(self, walker: str, body: dict) -> Any:
-        headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
-        return _report(await self.http.post(f"/walker/{walker}", json=body, headers=headers))
+    async def _call(self, walker: str, body: dict) -> Any:
+        response = await self.http.post(f"/walker/{walker}", json=body, headers=self._headers())
+        if self._may_log_in_again(response):
+            await self.login(*self._password)
+            response = await self.http.post(f"/walker/{walker}", json=body, headers=self._headers())
+        return _report(response)
 
-    async def ingest(self, session_id: str, messages: list[dict], *, append: bool = False) -> dict:
-        return await self.call("ingest_events", {"session_id": session_id, "messages": messages, "append": append})
-
-    async def render(self, session_id: str, messages: list[dict] | None = None, *, budget: int, selector: str = "",
-                     explain: bool = False, **params: Any) -> Rendered:
-        return Rendered.from_report(await self.call("render_context", _render_body(session_id, messages, budget, selector, explain, params)))
-
-    async def explain(self, session_id: str) -> Rendered:
-        return Rendered.from_report(await self.call("explain_render", {"session_id": session_id}))
+    async def _then(self, pending: Any, convert: Callable[[Any], Any]) -> Any:
+        return convert(await pending)

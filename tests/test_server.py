@@ -158,12 +158,27 @@ def test_bad_input_gets_4xx_and_changes_nothing(jac_server, alice):
 def test_async_client(jac_server, alice):
     import asyncio
 
-    async def go() -> Rendered:
+    async def go() -> tuple:
         async with AsyncClient(jac_server.url, token=alice.token) as client:
-            return await client.render("async-run", conversation(3), budget=400)
+            rendered = await client.render("async-run", conversation(3), budget=400)
+            session = await client.get_session("async-run")
+            with pytest.raises(UnknownSession):
+                await client.explain("never-rendered")
+            return rendered, session
 
-    rendered = asyncio.run(go())
+    rendered, session = asyncio.run(go())
     assert rendered.history_tokens <= 400 and pairing_problems(rendered.messages) == []
+    assert session["last_render"]["history_tokens"] == rendered.history_tokens
+
+
+def test_client_logs_in_again_when_its_token_is_refused(jac_server):
+    client = Client(jac_server.url)
+    client.register("relogin-user", "secret-password-1")
+    client.token = client.token[:-4] + "AAAA"  # as good as expired
+    assert client.list_sessions() == []
+    with pytest.raises(ContextRenderError) as failure:
+        Client(jac_server.url, token=client.token[:-4] + "AAAA").list_sessions()  # no password to retry with
+    assert failure.value.status == 401
 
 
 def test_jac_dot_draws_the_session_graph(jac_server, alice, tmp_path):

@@ -1,0 +1,41 @@
+"""The client's reading of responses, on canned HTTP answers (the server tests use a real one)."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from contextrender_adapters.client import Client, Rendered
+from contextrender_adapters.engine import ContextRenderError, InvalidRequest, UnknownSession
+
+
+def answering(status: int, body: dict | str) -> Client:
+    def reply(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(status, json=body) if isinstance(body, dict) else httpx.Response(status, text=body)
+
+    return Client("http://server", token="t", transport=httpx.MockTransport(reply))
+
+
+def test_errors_are_named_by_the_server_code_not_the_status():
+    with pytest.raises(UnknownSession, match="no session 'x'"):
+        answering(404, {"ok": False, "error": {"code": "UNKNOWN_SESSION", "message": "no session 'x'"}}).get_session("x")
+    with pytest.raises(InvalidRequest, match="budget must be"):
+        answering(400, {"ok": False, "error": {"code": "INVALID_REQUEST", "message": "budget must be >= 64"}}).render("x", budget=1)
+    # A 404 from something that is not the ContextRender server (a wrong base URL).
+    with pytest.raises(ContextRenderError) as failure:
+        answering(404, "Not Found").list_sessions()
+    assert failure.value.status == 404 and type(failure.value) is ContextRenderError
+
+
+def test_validation_errors_name_the_field():
+    detail = {"detail": [{"type": "int_parsing", "loc": ["body", "budget"], "msg": "Input should be a valid integer"}]}
+    with pytest.raises(ContextRenderError, match="budget: Input should be a valid integer") as failure:
+        answering(422, detail).render("x", budget=1)
+    assert failure.value.status == 422
+
+
+def test_a_render_report_becomes_rendered():
+    report = {"_jac_type": "RenderResult", "messages": [{"role": "user", "content": "hi"}], "history_tokens": 0, "decisions": []}
+    rendered = answering(200, {"ok": True, "data": {"reports": [report]}}).render("x", budget=100)
+    assert isinstance(rendered, Rendered) and rendered.messages == report["messages"]
+    assert rendered.history_tokens == 0 and "_jac_type" not in rendered.summary()
