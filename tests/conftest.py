@@ -40,6 +40,15 @@ def load_traces(name: str) -> list[dict]:
         return [json.loads(line) for line in f]
 
 
+@pytest.fixture
+def upstream():
+    """A scripted fake OpenAI server on loopback that records what it receives."""
+    from contextrender_adapters.fakeupstream import FakeUpstream
+
+    with FakeUpstream() as fake:
+        yield fake
+
+
 @pytest.fixture(scope="session")
 def jac_server(tmp_path_factory):
     """One real server for the session's HTTP tests (bodies over 1 MB are refused, to test 413)."""

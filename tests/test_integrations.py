@@ -24,12 +24,6 @@ TOK = get_tokenizer()
 
 
 @pytest.fixture
-def upstream():
-    with FakeUpstream() as fake:
-        yield fake
-
-
-@pytest.fixture
 def proxy_url(engine, upstream):
     with LoopbackServer(create_app(engine, upstream.base_url, BUDGET)) as server:
         yield server.url

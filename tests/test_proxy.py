@@ -57,12 +57,6 @@ def wait_for_events(engine, session_id: str, events: int) -> None:
 
 
 @pytest.fixture
-def upstream():
-    with FakeUpstream() as fake:
-        yield fake
-
-
-@pytest.fixture
 def proxy(engine, upstream):
     """The proxy with the engine in-process, in front of the fake upstream."""
 
