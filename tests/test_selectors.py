@@ -139,6 +139,16 @@ def test_the_offline_stand_in_says_what_it_is(engine, selector):
     assert summary["content"].index("Files read:") < summary["content"].index("Unresolved questions:")
 
 
+@pytest.mark.parametrize("selector", ["recency-summary", "compact"])
+def test_the_stand_in_label_survives_small_budgets(engine, selector):
+    messages = session()
+    for budget in (64, 80, 120, 200, 300):
+        result = engine.render(f"s{budget}", messages, budget=budget, selector=selector, summariser="offline")
+        summaries = [m for m in result.messages if "summary of earlier history" in str(m.get("content"))]
+        assert all("NOT an LLM" in m["content"] for m in summaries), budget
+        assert result.history_tokens <= budget and not any(m.get("content") == "" for m in result.messages)
+
+
 def slots(tag: str) -> "compact.HistorySummary":
     return compact.HistorySummary(
         files_read=["src/parse.py"], key_observations=[f"{tag}: VALUE_1000 seen"], commands_run=["read src/mod1.py"],
@@ -194,3 +204,17 @@ def test_explain_says_which_results_compact_summarised(engine):
     result = engine.render("s", session(), budget=700, selector="compact", summariser="offline", explain=True)
     assert {d.status for d in result.decisions} == {"omitted"}
     assert all(d.reason == "summarised (compact), not shown in full" for d in result.decisions)
+    # Turns after the summary are shown verbatim, and explain says so.
+    grown = session() + [assistant("step 10", call("c10", "read", {})), tool("c10", "short"), user("more")]
+    later = engine.render("s", grown, budget=700, selector="compact", summariser="offline", explain=True)
+    after = [d for d in later.decisions if d.handle == "c10"]
+    assert [d.status for d in after] == ["kept"] and "shown verbatim" in after[0].reason
+
+
+def test_renders_with_different_settings_keep_their_own_summaries(engine):
+    messages = session()
+    variants = [{"selector": "compact", "budget": 3000, "summariser": "offline", "summary_share": share} for share in (0.3, 0.05)]
+    engine.ingest("s", messages)
+    (large, small) = engine.render_variants("s", variants)
+    alone = engine.render("other", messages, budget=3000, selector="compact", summariser="offline", summary_share=0.05)
+    assert small.summary_tokens == alone.summary_tokens < large.summary_tokens
