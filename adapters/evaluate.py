@@ -227,21 +227,6 @@ class VariantStats:
         stats.usage = {k: Usage(**v) for k, v in data["usage"].items()}
         return stats
 
-    def merge(self, other: "VariantStats") -> None:
-        for name in self.events:
-            self.events[name] += other.events[name]
-            self.hits[name] += other.hits[name]
-        self.renders += other.renders
-        self.managed += other.managed
-        self.history_sum += other.history_sum
-        self.history_max = max(self.history_max, other.history_max)
-        self.input_sum += other.input_sum
-        self.input_max = max(self.input_max, other.input_max)
-        self.latency_ms.extend(other.latency_ms)
-        self.usage.update(other.usage)
-        self.needs_management.update(other.needs_management)
-        self.summary_calls += other.summary_calls
-
 
 def cost_summary(stats: dict[str, VariantStats], reference: VariantStats, prices: Prices = Prices()) -> dict[str, dict]:
     """Mean cost per task over the tasks whose full history exceeded B (C.1's T_CM), priced by

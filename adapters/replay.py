@@ -19,6 +19,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any, Iterable
 
+from graph.measure import content_text
 from contextrender_adapters.evaluate import (
     AGE_BINS,
     Prices,
@@ -35,8 +36,6 @@ from contextrender_adapters.evaluate import (
 DEFAULT_TRACES = Path(__file__).resolve().parent.parent.parent / "shared" / "traces"
 TAU_BUDGETS = (1000, 2000, 3000)
 SWE_BUDGETS = (3000, 6000, 12000, 24000)
-# Characters of a result that are embedded (A.3), for the embedding tokens E of equation 3.
-EMBED_CHARS = 8000
 
 Variant = tuple[str, int]
 
@@ -65,19 +64,6 @@ def _embedding_use(selector: str) -> tuple[bool, bool]:
 
     obj = _selectors()[selector]
     return isinstance(obj, (Scored, Semantic)), isinstance(obj, Semantic) or bool(obj.terms[2])
-
-
-def _query_text(messages: list[dict]) -> str:
-    from graph.measure import content_text
-
-    parts: list[str] = []
-    for role in ("user", "assistant"):
-        for message in reversed(messages):
-            if message.get("role") == role:
-                parts.append(content_text(message.get("content")))
-                parts += [str((c.get("function") or {}).get("arguments") or "") for c in message.get("tool_calls") or []]
-                break
-    return "\n".join(parts)
 
 
 class Replayer:
@@ -110,6 +96,9 @@ class Replayer:
         return self.stats
 
     def replay_trace(self, trace: dict, bar: Any = None) -> None:
+        from walkers.ingest import EMBED_CLIP
+        from walkers.render import latest_exchange_text
+
         messages = trace["messages"]
         key = f"{trace.get('dataset', '')}/{trace['id']}"
         store = self._root / f"t{abs(hash(key))}"
@@ -123,7 +112,7 @@ class Replayer:
         caches = {v: PrefixCache(tok, memo) for v in self.variants}
         usage = {v: Usage() for v in self.variants}
         needed = {v: False for v in self.variants}
-        embedded = sum(tok.count(str(m.get("content") or "")[:EMBED_CHARS]) for m in messages if m.get("role") == "tool")
+        embedded = sum(tok.count(content_text(m.get("content"))[:EMBED_CLIP]) for m in messages if m.get("role") == "tool")
         requests = [{"budget": b, "selector": s, **self.settings} for (s, b) in self.variants]
         done = 0
         for j, message in enumerate(messages):
@@ -134,7 +123,7 @@ class Replayer:
             done = j
             results = engine.render_variants(trace["id"], requests)
             output = tok.message_tokens(message)
-            query = tok.count(_query_text(messages[:j]))
+            query = tok.count(latest_exchange_text(messages[:j]))
             events = by_turn.get(j, [])
             for variant, result in zip(self.variants, results):
                 stats = self.stats[variant]

@@ -143,9 +143,3 @@ def write(datasets: dict[str, dict], out: Path, prices: Prices, command: str) ->
     report = out / "report.md"
     report.write_text("\n".join(lines))
     return report
-
-
-def load(paths: list[Path]) -> dict[str, Any]:
-    import json
-
-    return {p.stem: json.loads(p.read_text()) for p in paths}
