@@ -102,3 +102,14 @@ def test_replay_of_shared_traces_end_to_end(capsys):
     assert row(rows, "prune", 1000)["recall"] <= row(rows, "prune", 3000)["recall"]
     traces = load_traces([tau, demos], limit=1)
     assert [t["dataset"] for t in traces] == ["tau_bench", "swe_agent_demos"]
+
+
+def test_a_result_kept_in_full_by_a_managed_render_counts_as_visible(tmp_path):
+    # The last turn reuses the newest result: prune keeps it at a budget that holds one result
+    # (so the render is managed), and cannot at one that holds none.
+    trace = hand_trace()
+    trace["messages"][-1] = assistant("the order is KEY_2_ID")
+    stats = Replayer([("prune", 700), ("prune", 200)], store=tmp_path / "r", progress=False).run([trace])
+    rows = summarise(stats)
+    assert row(rows, "prune", 700)["managed_share"] > 0 and row(rows, "prune", 700)["recall"] == 100.0
+    assert row(rows, "prune", 200)["recall"] == 0.0
