@@ -484,6 +484,12 @@ def _backend(args: argparse.Namespace) -> Backend:
 def run(args: argparse.Namespace) -> int:
     import uvicorn
 
+    from walkers.selectors import SELECTORS
+
+    if args.selector not in SELECTORS:
+        # Checked here: once serving, a bad selector would fail every request open.
+        raise SystemExit(f"contextrender proxy: unknown selector {args.selector!r}; known: {', '.join(SELECTORS)}")
+
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     app = create_app(_backend(args), args.upstream, args.budget, args.selector, args.fail_closed)
     where = f"server {args.server}" if args.server else f"store {os.path.abspath(args.store)}"

@@ -339,3 +339,10 @@ def test_proxy_with_a_server_backend(jac_server, upstream):
         time.sleep(0.05)
     stored = client.get_session("via-server", include_messages=True)["messages"]
     assert stored[-1] == {"role": "assistant", "content": "Found it."}
+
+
+def test_the_command_refuses_an_unknown_selector_before_serving(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "contextrender_adapters.cli", "proxy", "--upstream", "http://127.0.0.1:9",
+                           "--budget", "1000", "--port", str(free_port()), "--selector", "magic"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0 and "unknown selector 'magic'" in done.stderr
