@@ -52,7 +52,8 @@ function toChat(messages) {
 }
 
 /** The rendered message list from the server's answer to POST /walker/render_context.
- *  Assumed jac-scale envelope: {"ok": true, "data": {"result": {...}, "reports": [RenderResult]}},
+ *  The jac-scale envelope (checked against a real server by tests/test_integrations.py):
+ *  {"ok": true, "data": {"result": {...}, "reports": [RenderResult]}},
  *  the RenderResult as an object with `messages`. */
 function parseRender(body) {
   if (body && body.ok === false) throw new Error(`ContextRender: ${JSON.stringify(body.error ?? body)}`)
