@@ -30,67 +30,63 @@ def dataset_rows(saved: dict, prices: Prices) -> list[dict]:
 
 
 def _figures(rows_by_dataset: dict[str, list[dict]], out: Path) -> tuple[Path, Path]:
+    def by_budget(ax, selector: str, rows: list[dict], style: dict) -> None:
+        points = sorted((r["budget"], r["recall"]) for r in rows)
+        ax.plot([p[0] / 1000 for p in points], [p[1] for p in points], **style)
+
+    def by_cost(ax, selector: str, rows: list[dict], style: dict) -> None:
+        points = [(r["ratio_eq3"], r["recall"], r["budget"]) for r in sorted(rows, key=lambda r: r["budget"])
+                  if r.get("ratio_eq3", float("nan")) == r.get("ratio_eq3", float("nan"))]
+        ax.plot([p[0] for p in points], [p[1] for p in points], **style, alpha=0.9)
+        if selector == "contextrender":
+            for x, y, b in points:
+                ax.annotate(f"{b // 1000}K", (x, y), textcoords="offset points", xytext=(4, -10), fontsize=7, color=style["color"])
+
+    def budget_axis(ax, rows: list[dict]) -> None:
+        budgets = sorted({r["budget"] for r in rows})
+        ax.set_xticks([b / 1000 for b in budgets])
+        ax.set_xticklabels([f"{b // 1000}K" for b in budgets])
+        ax.set_xlabel("history budget B")
+
+    def cost_axis(ax, rows: list[dict]) -> None:
+        ax.set_xlabel("mean cost / full history (equation 3, rho from full)")
+
+    budget_png = _panels(rows_by_dataset, by_budget, budget_axis, True,
+                         "Recall vs history budget (replayed traces; cf. paper figure 5)", out / "recall_vs_budget.png")
+    cost_png = _panels(rows_by_dataset, by_cost, cost_axis, False,
+                       "Recall vs normalised cost, tasks that need management (cf. paper figure 4)", out / "recall_vs_cost.png")
+    return budget_png, cost_png
+
+
+def _panels(rows_by_dataset: dict[str, list[dict]], draw: Any, x_axis: Any, with_events: bool, title: str, path: Path) -> Path:
+    """One panel per trace set, one line per selector (recall on y), saved as a PNG."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     names = list(rows_by_dataset)
-    # Figure 5: recall vs budget per selector.
     fig, axes = plt.subplots(1, len(names), figsize=(5.2 * len(names), 4.4), squeeze=False)
     for ax, name in zip(axes[0], names):
         rows = rows_by_dataset[name]
-        for selector in STYLE:
-            points = sorted((r["budget"], r["recall"]) for r in rows if r["selector"] == selector)
-            if not points:
-                continue
-            color, line, marker = STYLE[selector]
-            ax.plot([p[0] / 1000 for p in points], [p[1] for p in points], line, color=color, marker=marker,
-                    label=selector, linewidth=2.2 if selector == "contextrender" else 1.3)
-        budgets = sorted({r["budget"] for r in rows})
-        ax.set_xticks([b / 1000 for b in budgets])
-        ax.set_xticklabels([f"{b // 1000}K" for b in budgets])
-        ax.set_xlabel("history budget B")
+        for selector, (color, line, marker) in STYLE.items():
+            mine = [r for r in rows if r["selector"] == selector]
+            if mine:
+                style = {"color": color, "linestyle": line, "marker": marker, "label": selector,
+                         "linewidth": 2.2 if selector == "contextrender" else 1.3}
+                draw(ax, selector, mine, style)
+        x_axis(ax, rows)
         ax.set_ylabel("Later-Used Result Recall (%)")
         ax.set_ylim(0, 102)
-        events = rows[0]["events"] if rows else 0
-        ax.set_title(f"{name} ({events} reuse events)", fontsize=10)
+        events = f" ({rows[0]['events']} reuse events)" if with_events and rows else ""
+        ax.set_title(f"{name}{events}", fontsize=10)
         ax.grid(alpha=0.3)
     axes[0][-1].legend(fontsize=8, loc="lower right")
-    fig.suptitle("Recall vs history budget (replayed traces; cf. paper figure 5)")
+    fig.suptitle(title)
     fig.tight_layout()
-    budget_png = out / "recall_vs_budget.png"
-    fig.savefig(budget_png, dpi=120)
+    fig.savefig(path, dpi=120)
     plt.close(fig)
-
-    # Figure 4: recall vs normalised cost (equation 3, rho from full), one point per budget.
-    fig, axes = plt.subplots(1, len(names), figsize=(5.2 * len(names), 4.4), squeeze=False)
-    for ax, name in zip(axes[0], names):
-        rows = rows_by_dataset[name]
-        for selector in STYLE:
-            points = sorted(((r.get("ratio_eq3", float("nan")), r["recall"], r["budget"]) for r in rows
-                             if r["selector"] == selector), key=lambda p: p[2])
-            points = [p for p in points if p[0] == p[0]]
-            if not points:
-                continue
-            color, line, marker = STYLE[selector]
-            ax.plot([p[0] for p in points], [p[1] for p in points], line, color=color, marker=marker, label=selector,
-                    linewidth=2.2 if selector == "contextrender" else 1.0, alpha=0.9)
-            if selector == "contextrender":
-                for x, y, b in points:
-                    ax.annotate(f"{b // 1000}K", (x, y), textcoords="offset points", xytext=(4, -10), fontsize=7, color=color)
-        ax.set_xlabel("mean cost / full history (equation 3, rho from full)")
-        ax.set_ylabel("Later-Used Result Recall (%)")
-        ax.set_ylim(0, 102)
-        ax.set_title(name, fontsize=10)
-        ax.grid(alpha=0.3)
-    axes[0][-1].legend(fontsize=8, loc="lower right")
-    fig.suptitle("Recall vs normalised cost, tasks that need management (cf. paper figure 4)")
-    fig.tight_layout()
-    cost_png = out / "recall_vs_cost.png"
-    fig.savefig(cost_png, dpi=120)
-    plt.close(fig)
-    return budget_png, cost_png
+    return path
 
 
 def write(datasets: dict[str, dict], out: Path, prices: Prices, command: str) -> Path:
