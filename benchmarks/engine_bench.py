@@ -94,6 +94,26 @@ def bench_ingest(engine: Engine, pairs: list[tuple[dict, dict]], results: int, c
     return text / 1e6 / seconds, text / 1e6
 
 
+def ingest_computation(pairs: list[tuple[dict, dict]], results: int) -> float:
+    """MB/s of what ingestion computes, without the store: tokens, TFA values and the reuse index,
+    embeddings (the same calls `ingest` makes)."""
+    from graph.index import SessionIndex
+    from graph.measure import content_text, get_embedder, get_tokenizer
+    from walkers.ingest import EMBED_CLIP
+
+    messages = history(pairs, results)[1:]
+    text = sum(len(m["content"].encode()) for m in messages if m["role"] == "tool")
+    tokenizer, embedder, index = get_tokenizer(), get_embedder(), SessionIndex(key="bench")
+    start = time.perf_counter()
+    vectors = iter(embedder.embed([content_text(m["content"])[:EMBED_CLIP] for m in messages if m["role"] == "tool"]))
+    for n, message in enumerate(messages):
+        calls = {c["id"]: tokenizer.call_tokens(c) for c in message.get("tool_calls") or []}
+        tokens = tokenizer.text_tokens(message) + sum(calls.values())
+        vector = next(vectors) if message["role"] == "tool" else None
+        index.add(message, str(n), tokens, calls, {c: c for c in calls}, vector)
+    return text / 1e6 / (time.perf_counter() - start)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--repeat", type=int, default=30)
@@ -112,6 +132,7 @@ def main() -> None:
                 f"render computation p50 {compute:8.2f} ms  (n={repeat}; setup+runs {time.perf_counter() - start:.0f} s)",
                 flush=True,
             )
+        print(f"ingest computation only (tokens, values, embeddings; no store), 2,000 results: {ingest_computation(pairs, 2000):.2f} MB/s", flush=True)
         for chunk in (2000, 50):
             rate, megabytes = bench_ingest(Engine(Path(store) / f"i{chunk}"), pairs, 2000, chunk)
             print(f"ingest, 2,000 results ({megabytes:.1f} MB of result text), {chunk:>2} round(s) per call: {rate:.2f} MB/s", flush=True)
