@@ -3,7 +3,8 @@
 - Errors that say what to fix: a walker that raises one of ContextRender's errors answers with
   its HTTP status (400, 404, 409) and message instead of jac-scale's generic 500; other failures
   stay 500, with the traceback in the server log and never in the response.
-- A request-body limit (CONTEXTRENDER_MAX_BODY_MB, default 32): larger bodies get 413.
+- A request-body limit (CONTEXTRENDER_MAX_BODY_MB, default 32): larger bodies get 413; a body that
+  names a field the walker does not have gets 400 (jac-scale would drop it silently).
 - No public JWT secret: the server refuses to start with jac-scale's built-in test secret or a
   short one, unless CONTEXTRENDER_DEV=1 (scripts/serve.sh generates and keeps a strong one).
 
@@ -14,6 +15,7 @@ it asks for the server class, and the last plugin registered answers first.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -89,41 +91,52 @@ def _json_response(status: int, code: str, message: str) -> tuple[dict, bytes]:
 
 
 class WalkerErrors:
-    """ASGI middleware for `/walker/` requests: the body limit and the error statuses."""
+    """ASGI middleware for `/walker/` requests: the body limit, unknown field names (jac-scale
+    drops them silently, so a misspelt `selectr` would quietly use the default), and the error
+    statuses. `fields_of(name)` gives a walker's request fields (None: not ours to check)."""
 
-    def __init__(self, app: Any, limit: int | None = None) -> None:
+    def __init__(self, app: Any, limit: int | None = None, fields_of: Any = None) -> None:
         self.app = app
         self.limit = max_body_bytes() if limit is None else limit
+        self.fields_of = fields_of or (lambda name: None)
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         if scope["type"] != "http" or not scope["path"].startswith("/walker/"):
             await self.app(scope, receive, send)
             return
         too_large = f"request body exceeds {self.limit} bytes; send fewer messages per call (append=true takes only new events) or raise CONTEXTRENDER_MAX_BODY_MB"
-        headers = dict(scope.get("headers") or [])
-        declared = headers.get(b"content-length")
+        declared = dict(scope.get("headers") or []).get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.limit:
             await self._send_error(send, 413, "BODY_TOO_LARGE", too_large)
             return
-        received = 0
+        # The whole body first (within the limit, declared or chunked), then the app reads it.
+        body = bytearray()
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return
+            body += message.get("body", b"")
+            if len(body) > self.limit:
+                await self._send_error(send, 413, "BODY_TOO_LARGE", too_large)
+                return
+            if not message.get("more_body"):
+                break
+        unknown = self.unknown_fields(scope["path"].removeprefix("/walker/").split("/")[0], bytes(body))
+        if unknown:
+            await self._send_error(send, 400, "UNKNOWN_FIELD", unknown)
+            return
+        replayed = False
+
+        async def replay() -> dict:
+            nonlocal replayed
+            if replayed:
+                return await receive()
+            replayed = True
+            return {"type": "http.request", "body": bytes(body), "more_body": False}
+
         state: dict[str, Any] = {}
 
-        async def counted_receive() -> dict:
-            # A body without a declared length (chunked) is cut off once it passes the limit;
-            # the app's own error answer to the cut body is then replaced by the 413.
-            nonlocal received
-            message = await receive()
-            received += len(message.get("body", b""))
-            if received > self.limit:
-                state["too_large"] = True
-                return {"type": "http.disconnect"}
-            return message
-
         async def mapped_send(message: dict) -> None:
-            if state.get("too_large"):
-                if message["type"] == "http.response.start":
-                    await self._send_error(send, 413, "BODY_TOO_LARGE", too_large)
-                return
             if message["type"] == "http.response.start" and message["status"] == 500:
                 state["start"], state["chunks"] = message, []
                 return
@@ -135,8 +148,8 @@ class WalkerErrors:
                 return
             raw = b"".join(state["chunks"])
             try:
-                status, body = map_walker_error(json.loads(raw))
-                raw = json.dumps(body).encode()
+                status, envelope = map_walker_error(json.loads(raw))
+                raw = json.dumps(envelope).encode()
             except (ValueError, AttributeError):
                 status = 500
             start = dict(state["start"], status=status)
@@ -145,12 +158,21 @@ class WalkerErrors:
             await send(start)
             await send({"type": "http.response.body", "body": raw})
 
+        await self.app(scope, replay, mapped_send)
+
+    def unknown_fields(self, walker: str, body: bytes) -> str:
+        """What to fix when the body names fields the walker does not have ("" when none)."""
+        fields = self.fields_of(walker)
+        if fields is None:
+            return ""
         try:
-            await self.app(scope, counted_receive, mapped_send)
-        except Exception:
-            if not state.get("too_large"):
-                raise
-            await self._send_error(send, 413, "BODY_TOO_LARGE", too_large)
+            names = json.loads(body) if body else {}
+        except ValueError:
+            return ""  # not JSON: FastAPI answers 422
+        unknown = sorted(set(names) - fields) if isinstance(names, dict) else []
+        if not unknown:
+            return ""
+        return f"{walker} has no field {', '.join(map(repr, unknown))}; its fields: {', '.join(sorted(fields))}"
 
     @staticmethod
     async def _send_error(send: Any, status: int, code: str, message: str) -> None:
@@ -183,7 +205,12 @@ def server_class() -> type:
         def __post_init__(self) -> None:
             check_jwt_secret(get_scale_config().get_jwt_config()["secret"])
             super().__post_init__()
-            self.server.app.add_middleware(WalkerErrors)
+            self.server.app.add_middleware(WalkerErrors, fields_of=self.request_fields)
+
+        def request_fields(self, walker: str) -> set[str] | None:
+            """The fields a request to `walker` may name (its `has` fields), None if no such walker."""
+            cls = self.get_walkers().get(walker)
+            return {f.name for f in dataclasses.fields(cls) if not f.name.startswith("_")} if cls else None
 
     return ContextRenderServer
 

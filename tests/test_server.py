@@ -145,9 +145,16 @@ def test_bad_input_gets_4xx_and_changes_nothing(jac_server, alice):
     oversized = raw_cases["oversized body"][0]
     response = httpx.post(f"{jac_server.url}/walker/render_context", content=chunked(oversized), headers=headers, timeout=60)
     assert response.status_code == 413, response.text[:300]
-    # A read endpoint does not create what it reads, whatever the body says.
-    response = httpx.post(f"{jac_server.url}/walker/get_session", json={"session_id": "not-made", "create": True}, headers=headers)
-    assert response.status_code == 404
+    # A field the walker does not have (misspelt, or `create`, which is not a request field) is
+    # refused, not dropped; a read endpoint does not create what it reads.
+    for body, field in (({"session_id": "guarded", "budget": 500, "selectr": "prune"}, "selectr"),
+                        ({"session_id": "not-made", "create": True}, "create")):
+        walker = "render_context" if "budget" in body else "get_session"
+        response = httpx.post(f"{jac_server.url}/walker/{walker}", json=body, headers=headers)
+        assert response.status_code == 400 and f"no field '{field}'" in response.json()["error"]["message"], response.text
+        assert "selector" in response.json()["error"]["message"] or walker == "get_session"
+    with pytest.raises(UnknownSession):
+        alice.get_session("not-made")
     with pytest.raises(InvalidRequest, match="session_id"):
         alice.render("", [user("x")], budget=500)
     with pytest.raises(InvalidRequest, match="limit"):
