@@ -3,6 +3,11 @@ baselines' orderings, and the summary selectors (byLLM typed slots, or the label
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 from byllm.lib import MockLLM
 
@@ -218,3 +223,34 @@ def test_renders_with_different_settings_keep_their_own_summaries(engine):
     (large, small) = engine.render_variants("s", variants)
     alone = engine.render("other", messages, budget=3000, selector="compact", summariser="offline", summary_share=0.05)
     assert small.summary_tokens == alone.summary_tokens < large.summary_tokens
+
+
+def test_summaries_stored_before_they_moved_to_graph_still_load(tmp_path):
+    """SummaryNote and Summarised were declared in walkers.selectors; stores name them so."""
+    import sqlite3
+
+    from contextrender_adapters import Engine
+
+    messages = session()
+    Engine(tmp_path).render("s", messages, budget=700, selector="compact", summariser="offline")
+    with sqlite3.connect(next((tmp_path / ".jac" / "data").glob("*.db"))) as db:
+        # As the old layout wrote them: the old module (in the row and in its archetype data) and
+        # another schema fingerprint.
+        for kind in ("SummaryNote", "Summarised"):
+            moved = db.execute(
+                "UPDATE anchors SET arch_module = 'walkers.selectors', fingerprint = 'before-the-move', "
+                "data = replace(data, ?, ?) WHERE arch_type = ?",
+                (f'"__type__": "{kind}", "__module__": "graph.context"', f'"__type__": "{kind}", "__module__": "walkers.selectors"', kind),
+            ).rowcount
+            assert moved == 1
+    # A new process, as after an upgrade: it finds the stored summary and can delete the session.
+    script = (
+        "import sys, json; from contextrender_adapters import Engine; from tests.test_selectors import session; "
+        "e = Engine(sys.argv[1]); "
+        "r = e.render('s', session(), budget=700, selector='compact', summariser='offline'); "
+        "print(json.dumps([r.summary_calls, e.delete_session('s')['deleted']]))"
+    )
+    done = subprocess.run([sys.executable, "-c", script, str(tmp_path)], capture_output=True, text=True,
+                          cwd=Path(__file__).resolve().parent.parent, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == [0, True]
