@@ -23,10 +23,20 @@ import httpx
 
 from contextrender_adapters.engine import ContextRenderError, HistoryConflict, InvalidRequest, UnknownSession
 
-DEFAULT_URL = os.environ.get("CONTEXTRENDER_URL", "http://127.0.0.1:8000")
+DEFAULT_URL = "http://127.0.0.1:8000"
 # The server names its errors (adapters/server.py); a bare status, such as a 404 from a wrong URL,
-# is only a ContextRenderError.
-ERRORS_BY_CODE = {"INVALID_REQUEST": InvalidRequest, "UNKNOWN_SESSION": UnknownSession, "HISTORY_CONFLICT": HistoryConflict}
+# is only a ContextRenderError. `.status` keeps the HTTP status (a body too large is 413).
+ERRORS_BY_CODE = {
+    "INVALID_REQUEST": InvalidRequest,
+    "UNKNOWN_FIELD": InvalidRequest,
+    "BODY_TOO_LARGE": InvalidRequest,
+    "UNKNOWN_SESSION": UnknownSession,
+    "HISTORY_CONFLICT": HistoryConflict,
+}
+
+
+def _base_url(base_url: str | None) -> str:
+    return base_url or os.environ.get("CONTEXTRENDER_URL") or DEFAULT_URL
 
 
 @dataclass
@@ -155,9 +165,10 @@ class _Endpoints:
 class Client(_Endpoints):
     """Synchronous client; thread-safe (httpx.Client is)."""
 
-    def __init__(self, base_url: str = DEFAULT_URL, *, token: str | None = None, timeout: float = 120.0,
+    def __init__(self, base_url: str | None = None, *, token: str | None = None, timeout: float = 120.0,
                  transport: httpx.BaseTransport | None = None) -> None:
-        self.http = httpx.Client(base_url=base_url, timeout=timeout, transport=transport)
+        """`base_url` defaults to $CONTEXTRENDER_URL, else http://127.0.0.1:8000."""
+        self.http = httpx.Client(base_url=_base_url(base_url), timeout=timeout, transport=transport)
         self.token = token
         self._password: tuple[str, str] | None = None
 
@@ -195,9 +206,9 @@ class Client(_Endpoints):
 class AsyncClient(_Endpoints):
     """The same client for asyncio code; every endpoint method is a coroutine."""
 
-    def __init__(self, base_url: str = DEFAULT_URL, *, token: str | None = None, timeout: float = 120.0,
+    def __init__(self, base_url: str | None = None, *, token: str | None = None, timeout: float = 120.0,
                  transport: httpx.AsyncBaseTransport | None = None) -> None:
-        self.http = httpx.AsyncClient(base_url=base_url, timeout=timeout, transport=transport)
+        self.http = httpx.AsyncClient(base_url=_base_url(base_url), timeout=timeout, transport=transport)
         self.token = token
         self._password: tuple[str, str] | None = None
 
@@ -205,6 +216,9 @@ class AsyncClient(_Endpoints):
         return self
 
     async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
         await self.http.aclose()
 
     async def register(self, username: str, password: str) -> str:

@@ -114,18 +114,19 @@ def _same_turn(a: Any, b: dict) -> bool:
 
 def _normal(message: Any) -> Any:
     """An assistant message with only the fields a chat-completions request takes: role, content
-    (`""` as null), name, refusal, and tool calls as id, type and function name and arguments.
-    SDKs add or drop fields when they re-serialise an answer (`refusal: null`, `annotations: []`,
+    (`""` and null alike: null beside tool calls, else `""`), name, refusal, and tool calls as id,
+    type and function name and arguments. SDKs add or drop fields when they re-serialise an answer (`refusal: null`, `annotations: []`,
     an `index` in tool calls), and providers return fields they refuse to be sent back (DeepSeek's
     `reasoning_content`), which the history budget would not count either. Every assistant message
     is stored and forwarded in this form, so an echoed answer matches the stored one."""
     if not isinstance(message, dict) or message.get("role") != "assistant":
         return message
-    out: dict[str, Any] = {"role": "assistant", "content": message.get("content") or None}
+    calls = [c for c in message.get("tool_calls") or [] if isinstance(c, dict)]
+    # Content may be null only beside tool calls or a refusal; otherwise an empty answer is "".
+    out: dict[str, Any] = {"role": "assistant", "content": message.get("content") or (None if calls or message.get("refusal") else "")}
     for key in ("name", "refusal"):
         if message.get(key):
             out[key] = message[key]
-    calls = [c for c in message.get("tool_calls") or [] if isinstance(c, dict)]
     if calls:
         out["tool_calls"] = [
             {"id": c.get("id"), "type": c.get("type") or "function",

@@ -58,13 +58,11 @@ def map_walker_error(body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
     error = body.get("error") or {}
     details = error.pop("details", None)
     statuses = _error_statuses()
-    match = None
-    for line in reversed(str(details or "").splitlines()):
-        found = _ERROR_LINE.match(line)
-        if found and found.group(1) in statuses:
-            match = found
-            break
-    status = statuses[match.group(1)] if match else None
+    # The exception that ended the walker: the first unindented line after the frames of the
+    # last traceback (an error raised while handling another comes last).
+    last = str(details or "").rpartition("Traceback (most recent call last):")[2]
+    match = next((_ERROR_LINE.match(line) for line in last.splitlines() if line and not line[0].isspace()), None)
+    status = statuses.get(match.group(1)) if match else None
     if status is None or status >= 500:
         if details:
             logger.error("walker failed: %s\n%s", error.get("message"), details)
@@ -93,12 +91,13 @@ def _json_response(status: int, code: str, message: str) -> tuple[dict, bytes]:
 class WalkerErrors:
     """ASGI middleware for `/walker/` requests: the body limit, unknown field names (jac-scale
     drops them silently, so a misspelt `selectr` would quietly use the default), and the error
-    statuses. `fields_of(name)` gives a walker's request fields (None: not ours to check)."""
+    statuses. `fields_of(name, caller)` gives a walker's request fields (None: not ours to check,
+    such as a walker that needs a login the request lacks: it answers 401 itself)."""
 
     def __init__(self, app: Any, limit: int | None = None, fields_of: Any = None) -> None:
         self.app = app
         self.limit = max_body_bytes() if limit is None else limit
-        self.fields_of = fields_of or (lambda name: None)
+        self.fields_of = fields_of or (lambda name, caller: None)
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         if scope["type"] != "http" or not scope["path"].startswith("/walker/"):
@@ -121,7 +120,9 @@ class WalkerErrors:
                 return
             if not message.get("more_body"):
                 break
-        unknown = self.unknown_fields(scope["path"].removeprefix("/walker/").split("/")[0], bytes(body))
+        # jac-scale's login middleware (outside this one) has put the caller in the scope's state.
+        caller = (scope.get("state") or {}).get("username")
+        unknown = self.unknown_fields(scope["path"].removeprefix("/walker/").split("/")[0], caller, bytes(body))
         if unknown:
             await self._send_error(send, 400, "UNKNOWN_FIELD", unknown)
             return
@@ -160,9 +161,9 @@ class WalkerErrors:
 
         await self.app(scope, replay, mapped_send)
 
-    def unknown_fields(self, walker: str, body: bytes) -> str:
+    def unknown_fields(self, walker: str, caller: str | None, body: bytes) -> str:
         """What to fix when the body names fields the walker does not have ("" when none)."""
-        fields = self.fields_of(walker)
+        fields = self.fields_of(walker, caller)
         if fields is None:
             return ""
         try:
@@ -199,18 +200,25 @@ def check_jwt_secret(secret: str) -> None:
 def server_class() -> type:
     from jac_scale.config_loader import get_scale_config
     from jac_scale.serve import JacAPIServer
+    from starlette.middleware import Middleware
 
     class ContextRenderServer(JacAPIServer):
         # Jac compiles an archetype's `postinit` to the dataclass `__post_init__`.
         def __post_init__(self) -> None:
             check_jwt_secret(get_scale_config().get_jwt_config()["secret"])
             super().__post_init__()
-            self.server.app.add_middleware(WalkerErrors, fields_of=self.request_fields)
+            # Innermost, inside jac-scale's CORS and login middleware: a request without a token
+            # gets 401 before its fields are checked, and every answer gets the CORS headers.
+            self.server.app.user_middleware.append(Middleware(WalkerErrors, fields_of=self.request_fields))
 
-        def request_fields(self, walker: str) -> set[str] | None:
-            """The fields a request to `walker` may name (its `has` fields), None if no such walker."""
+        def request_fields(self, walker: str, caller: str | None) -> set[str] | None:
+            """The fields a request to `walker` may name (its `has` fields); None for no such walker,
+            or one that needs a login the caller has not got (the walker answers 401)."""
             cls = self.get_walkers().get(walker)
-            return {f.name for f in dataclasses.fields(cls) if not f.name.startswith("_")} if cls else None
+            if cls is None or (caller is None and self.introspector.is_auth_required_for_walker(walker)):
+                return None
+            # `reports` is every walker's output, not something a request sets.
+            return {f.name for f in dataclasses.fields(cls) if not f.name.startswith("_") and f.name != "reports"}
 
     return ContextRenderServer
 

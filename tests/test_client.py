@@ -39,3 +39,18 @@ def test_a_render_report_becomes_rendered():
     rendered = answering(200, {"ok": True, "data": {"reports": [report]}}).render("x", budget=100)
     assert isinstance(rendered, Rendered) and rendered.messages == report["messages"]
     assert rendered.history_tokens == 0 and "_jac_type" not in rendered.summary()
+
+
+def test_request_faults_named_by_the_server_are_invalid_requests():
+    too_large = answering(413, {"ok": False, "error": {"code": "BODY_TOO_LARGE", "message": "request body exceeds"}})
+    with pytest.raises(InvalidRequest) as failure:
+        too_large.ingest("x", [])
+    assert failure.value.status == 413
+    with pytest.raises(InvalidRequest, match="no field 'selectr'"):
+        answering(400, {"ok": False, "error": {"code": "UNKNOWN_FIELD", "message": "render_context has no field 'selectr'"}}).health()
+
+
+def test_the_server_url_comes_from_the_environment(monkeypatch):
+    monkeypatch.setenv("CONTEXTRENDER_URL", "http://elsewhere:9999")
+    assert str(Client().http.base_url) == "http://elsewhere:9999"
+    assert str(Client("http://given:1").http.base_url) == "http://given:1"

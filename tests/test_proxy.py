@@ -346,3 +346,13 @@ def test_the_command_refuses_an_unknown_selector_before_serving(tmp_path):
                            "--budget", "1000", "--port", str(free_port()), "--selector", "magic"],
                           cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert done.returncode != 0 and "unknown selector 'magic'" in done.stderr
+
+
+def test_an_empty_answer_keeps_a_content_string():
+    """A provider requires assistant content unless the message has tool calls."""
+    from contextrender_adapters.proxy import _normal
+
+    assert _normal({"role": "assistant", "content": None, "reasoning_content": "thinking"}) == {"role": "assistant", "content": ""}
+    assert _normal({"role": "assistant", "content": ""}) == _normal({"role": "assistant", "content": None})
+    with_call = {"role": "assistant", "content": "", "tool_calls": [call("c1", "f", {})]}
+    assert _normal(with_call)["content"] is None and _normal(dict(with_call, content=None)) == _normal(with_call)

@@ -155,6 +155,12 @@ def test_bad_input_gets_4xx_and_changes_nothing(jac_server, alice):
         assert "selector" in response.json()["error"]["message"] or walker == "get_session"
     with pytest.raises(UnknownSession):
         alice.get_session("not-made")
+    # Login comes first, and the answers carry the CORS headers like every other.
+    anonymous = httpx.post(f"{jac_server.url}/walker/get_session", json={"session_id": "x", "selectr": 1})
+    assert anonymous.status_code == 401
+    refused = httpx.post(f"{jac_server.url}/walker/get_session", json={"session_id": "x", "selectr": 1},
+                         headers={**headers, "origin": "http://localhost:3000"})
+    assert refused.status_code == 400 and "access-control-allow-origin" in refused.headers
     with pytest.raises(InvalidRequest, match="session_id"):
         alice.render("", [user("x")], budget=500)
     with pytest.raises(InvalidRequest, match="limit"):
@@ -217,3 +223,19 @@ def test_acknowledged_writes_survive_kill_9(tmp_path):
         assert first.results == 6 and again.results == 6
     finally:
         server.stop()
+
+
+def test_the_status_comes_from_the_exception_that_ended_the_walker():
+    from contextrender_adapters.server import map_walker_error
+
+    def status(details: str) -> int:
+        return map_walker_error({"error": {"message": "m", "details": details}})[0]
+
+    frames = "Traceback (most recent call last):\n  File \"walkers/render.jac\", line 1, in run\n"
+    assert status(frames + "graph.errors.InvalidRequest: budget must be >= 64\nsecond line: of the message") == 400
+    assert status(frames + "graph.errors.UnknownSession: no session 'x'") == 404
+    # An error raised while handling ours is what failed: a 500.
+    chained = (frames + "graph.errors.InvalidRequest: bad\n\nDuring handling of the above exception, another exception occurred:\n\n"
+               + frames + "sqlite3.OperationalError: database is locked")
+    assert status(chained) == 500
+    assert status(frames + "KeyError: 'x'") == 500
