@@ -302,29 +302,6 @@ def _prices(args: argparse.Namespace) -> Prices:
     return Prices(input=args.price_input, cached_input=args.price_cached, output=args.price_output, embedding=args.price_embedding)
 
 
-def _check_selectors(args: argparse.Namespace) -> list[str] | None:
-    known = _selectors()
-    names = args.selectors or list(known)
-    unknown = [s for s in names if s not in known]
-    if unknown:
-        print(f"error: unknown selector(s) {', '.join(unknown)}; known: {', '.join(known)}", file=sys.stderr)
-        return None
-    if "full" not in names:
-        names = ["full"] + names  # the cost reference
-    if args.summariser == "llm" and any(known[s].summarises for s in names):
-        from walkers.compact import summary_model
-
-        if summary_model() is None:
-            print(
-                "error: recency-summary and compact summarise with an LLM and CONTEXTRENDER_MODEL is not set. "
-                "Set it to a litellm model name, pass --summariser offline for the labelled extractive stand-in, "
-                "or leave those selectors out with --selector.",
-                file=sys.stderr,
-            )
-            return None
-    return names
-
-
 def _settings(args: argparse.Namespace) -> dict[str, Any]:
     settings: dict[str, Any] = {"summariser": args.summariser, "omitted": args.omitted}
     for item in args.params:
@@ -336,29 +313,36 @@ def _settings(args: argparse.Namespace) -> dict[str, Any]:
     return settings
 
 
-def _settings_valid(args: argparse.Namespace) -> bool:
+def _plan(args: argparse.Namespace) -> tuple[list[str], dict[str, Any]] | None:
+    """The selectors to replay (`full` added: the cost reference) and the render settings, each
+    checked by the engine's own RenderConfig (unknown names, bad values, a summary selector without
+    a model); None after printing what to fix."""
     from contextrender_adapters.engine import InvalidRequest, RenderConfig
 
+    selectors = args.selectors or list(_selectors())
+    if "full" not in selectors:
+        selectors = ["full"] + selectors
+    settings = _settings(args)
     try:
-        RenderConfig.build(_settings(args))
+        for name in selectors:
+            RenderConfig.build(settings, {"selector": name})
     except InvalidRequest as bad:
         print(f"error: {bad}", file=sys.stderr)
-        return False
-    return True
+        return None
+    return selectors, settings
 
 
 def run_replay(args: argparse.Namespace) -> int:
-    selectors = _check_selectors(args)
-    if selectors is None:
+    plan = _plan(args)
+    if plan is None:
         return 2
-    if not _settings_valid(args):
-        return 2
+    (selectors, settings) = plan
     traces = load_traces(args.traces, args.limit)
     variants = [(s, b) for b in args.budgets for s in selectors]
-    stats = Replayer(variants, settings=_settings(args), progress=not args.no_progress).run(traces)
+    stats = Replayer(variants, settings=settings, progress=not args.no_progress).run(traces)
     rows = summarise(stats, _prices(args))
     if args.json:
-        json.dump({"traces": len(traces), "files": args.traces, "limit": args.limit, "settings": _settings(args),
+        json.dump({"traces": len(traces), "files": args.traces, "limit": args.limit, "settings": settings,
                    "prices": vars(_prices(args)), "rows": rows}, sys.stdout, indent=1, default=float)
         print()
     else:
@@ -370,15 +354,13 @@ def run_replay(args: argparse.Namespace) -> int:
 def run_sweep(args: argparse.Namespace) -> int:
     from contextrender_adapters import sweep_report
 
-    selectors = _check_selectors(args)
-    if selectors is None:
+    plan = _plan(args)
+    if plan is None:
         return 2
-    if not _settings_valid(args):
-        return 2
+    (selectors, settings) = plan
     files = [Path(p) for p in args.traces] or sorted(DEFAULT_TRACES.glob("*.jsonl"))
     out = Path(args.out)
     (out / "raw").mkdir(parents=True, exist_ok=True)
-    settings = _settings(args)
     datasets: dict[str, dict] = {}
     for path in files:
         budgets = args.tau_budgets if "tau" in path.stem else args.swe_budgets
