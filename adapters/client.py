@@ -114,6 +114,12 @@ class _Endpoints:
     """Every endpoint as a request body and what to make of the report. `_call` and `_then` are
     synchronous in `Client` and coroutines in `AsyncClient`."""
 
+    def __init__(self, http: Any, token: str | None) -> None:
+        self.http = http
+        self.token = token
+        # (username, password) after a login, to renew a refused token once.
+        self._password: tuple[str, str] | None = None
+
     def _call(self, walker: str, body: dict) -> Any:
         raise NotImplementedError
 
@@ -168,9 +174,7 @@ class Client(_Endpoints):
     def __init__(self, base_url: str | None = None, *, token: str | None = None, timeout: float = 120.0,
                  transport: httpx.BaseTransport | None = None) -> None:
         """`base_url` defaults to $CONTEXTRENDER_URL, else http://127.0.0.1:8000."""
-        self.http = httpx.Client(base_url=_base_url(base_url), timeout=timeout, transport=transport)
-        self.token = token
-        self._password: tuple[str, str] | None = None
+        super().__init__(httpx.Client(base_url=_base_url(base_url), timeout=timeout, transport=transport), token)
 
     def __enter__(self) -> Client:
         return self
@@ -208,9 +212,7 @@ class AsyncClient(_Endpoints):
 
     def __init__(self, base_url: str | None = None, *, token: str | None = None, timeout: float = 120.0,
                  transport: httpx.AsyncBaseTransport | None = None) -> None:
-        self.http = httpx.AsyncClient(base_url=_base_url(base_url), timeout=timeout, transport=transport)
-        self.token = token
-        self._password: tuple[str, str] | None = None
+        super().__init__(httpx.AsyncClient(base_url=_base_url(base_url), timeout=timeout, transport=transport), token)
 
     async def __aenter__(self) -> AsyncClient:
         return self
