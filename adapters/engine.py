@@ -10,7 +10,7 @@ from typing import Any
 from jaclang.jac0core.runtime import JacRuntime, JacUtils
 from jaclang.lib import spawn
 
-from graph.errors import ContextRenderError, InvalidRequest, UnknownSession, HistoryConflict
+from engine.errors import ContextRenderError, InvalidRequest, UnknownSession, HistoryConflict
 from walkers.ingest import IngestSummary, ingest_events
 from walkers.sessions import delete_session, export_graph, get_session, list_sessions
 from walkers.render import (

@@ -19,7 +19,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any, Iterable
 
-from graph.measure import content_text
+from engine.measure import content_text
 from contextrender_adapters.evaluate import (
     AGE_BINS,
     Prices,
@@ -41,7 +41,7 @@ Variant = tuple[str, int]
 
 
 def _selectors() -> dict[str, Any]:
-    from walkers.selectors import SELECTORS  # the engine's registry (slow import: lazily)
+    from engine.selectors import SELECTORS  # the engine's registry (slow import: lazily)
 
     return SELECTORS
 
@@ -60,7 +60,7 @@ def load_traces(paths: Iterable[str | os.PathLike[str]], limit: int = 0) -> list
 
 def _embedding_use(selector: str) -> tuple[bool, bool]:
     """(embeds results, embeds a query per managed render) for a selector."""
-    from walkers.selectors import Scored, Semantic
+    from engine.selectors import Scored, Semantic
 
     obj = _selectors()[selector]
     return isinstance(obj, (Scored, Semantic)), isinstance(obj, Semantic) or bool(obj.terms[2])
@@ -72,7 +72,7 @@ class Replayer:
     def __init__(self, variants: list[Variant], *, settings: dict[str, Any] | None = None,
                  store: str | os.PathLike[str] | None = None, progress: bool = True) -> None:
         from contextrender_adapters.engine import Engine
-        from graph.measure import get_tokenizer
+        from engine.measure import get_tokenizer
 
         self.variants = variants
         self.settings = dict(settings or {})

@@ -97,8 +97,8 @@ def bench_ingest(engine: Engine, pairs: list[tuple[dict, dict]], results: int, c
 def ingest_computation(pairs: list[tuple[dict, dict]], results: int) -> float:
     """MB/s of what ingestion computes, without the store: tokens, TFA values and the reuse index,
     embeddings (the same calls `ingest` makes)."""
-    from graph.index import SessionIndex
-    from graph.measure import content_text, get_embedder, get_tokenizer
+    from engine.index import SessionIndex
+    from engine.measure import content_text, get_embedder, get_tokenizer
     from walkers.ingest import EMBED_CLIP
 
     messages = history(pairs, results)[1:]

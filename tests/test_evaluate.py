@@ -19,7 +19,7 @@ from contextrender_adapters.evaluate import (
     reuse_events,
     visible_results,
 )
-from graph.measure import get_tokenizer
+from engine.measure import get_tokenizer
 from tests.conftest import assistant, call, tool, user
 
 TOK = get_tokenizer()

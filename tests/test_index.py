@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from contextrender_adapters import engine  # noqa: F401
-from graph.index import SessionIndex
+from engine.index import SessionIndex
 from tests.conftest import assistant, call, tool, user
 
 

@@ -15,7 +15,7 @@ from contextrender_adapters.checks import pairing_problems
 from contextrender_adapters.client import Client
 from contextrender_adapters.fakeupstream import FakeUpstream, LoopbackServer
 from contextrender_adapters.proxy import create_app
-from graph.measure import get_tokenizer
+from engine.measure import get_tokenizer
 from tests.conftest import call
 from tests.test_proxy import BUDGET, SYSTEM, conversation, history
 

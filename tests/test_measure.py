@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from contextrender_adapters import engine  # noqa: F401
-from graph.measure import cut_middle, get_embedder, get_tokenizer, pack_vector, unpack_vector
+from engine.measure import cut_middle, get_embedder, get_tokenizer, pack_vector, unpack_vector
 from tests.conftest import assistant, call, tool, user
 
 TOK = get_tokenizer()

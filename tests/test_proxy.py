@@ -15,7 +15,7 @@ from contextrender_adapters import UnknownSession
 from contextrender_adapters.checks import pairing_problems
 from contextrender_adapters.fakeupstream import FakeUpstream, LoopbackServer, free_port
 from contextrender_adapters.proxy import SESSION_HEADER, create_app, derive_session
-from graph.measure import get_tokenizer
+from engine.measure import get_tokenizer
 from tests.conftest import assistant, call, tool, user
 
 TOK = get_tokenizer()

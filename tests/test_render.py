@@ -10,7 +10,7 @@ import pytest
 
 from contextrender_adapters import Engine, InvalidRequest, HistoryConflict
 from contextrender_adapters.checks import pairing_problems
-from graph.measure import get_tokenizer
+from engine.measure import get_tokenizer
 from tests.conftest import assistant, call, tool, user
 
 TOK = get_tokenizer()

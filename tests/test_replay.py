@@ -7,10 +7,10 @@ import json
 
 import pytest
 
-import walkers.compact as compact
+import engine.summaries as compact
 from contextrender_adapters.cli import main
 from contextrender_adapters.replay import Replayer, load_traces, summarise
-from graph.measure import get_tokenizer
+from engine.measure import get_tokenizer
 from tests.conftest import TRACES, assistant, call, tool, user
 from tests.test_render import filler
 

@@ -11,13 +11,13 @@ from pathlib import Path
 import pytest
 from byllm.lib import MockLLM
 
-import walkers.compact as compact
+import engine.summaries as compact
 from contextrender_adapters import InvalidRequest, RenderConfig
 from contextrender_adapters.checks import pairing_problems
-from graph.measure import get_tokenizer
+from engine.measure import get_tokenizer
 from tests.conftest import assistant, call, tool, user
 from tests.test_render import filler
-from walkers.selectors import SELECTORS
+from engine.selectors import SELECTORS
 
 TOK = get_tokenizer()
 ALL = ["full", "prune", "semantic", "recency-summary", "compact", "cr-recency", "cr-relevance", "cr-recency-relevance", "contextrender"]
@@ -226,7 +226,7 @@ def test_renders_with_different_settings_keep_their_own_summaries(engine):
 
 
 def test_summaries_stored_before_they_moved_to_graph_still_load(tmp_path):
-    """SummaryNote and Summarised were declared in walkers.selectors; stores name them so."""
+    """SummaryNote and Summarised were declared in engine.selectors; stores name them so."""
     import sqlite3
 
     from contextrender_adapters import Engine
@@ -238,9 +238,9 @@ def test_summaries_stored_before_they_moved_to_graph_still_load(tmp_path):
         # another schema fingerprint.
         for kind in ("SummaryNote", "Summarised"):
             moved = db.execute(
-                "UPDATE anchors SET arch_module = 'walkers.selectors', fingerprint = 'before-the-move', "
+                "UPDATE anchors SET arch_module = 'engine.selectors', fingerprint = 'before-the-move', "
                 "data = replace(data, ?, ?) WHERE arch_type = ?",
-                (f'"__type__": "{kind}", "__module__": "graph.context"', f'"__type__": "{kind}", "__module__": "walkers.selectors"', kind),
+                (f'"__type__": "{kind}", "__module__": "graph.context"', f'"__type__": "{kind}", "__module__": "engine.selectors"', kind),
             ).rowcount
             assert moved == 1
     # A new process, as after an upgrade: it finds the stored summary and can delete the session.

@@ -15,7 +15,7 @@ from contextrender_adapters.checks import pairing_problems
 from contextrender_adapters.client import AsyncClient, Client, Rendered
 from contextrender_adapters.engine import ContextRenderError, HistoryConflict, InvalidRequest, UnknownSession
 from jacserver import JAC, JacServer
-from graph.measure import get_tokenizer
+from engine.measure import get_tokenizer
 
 
 def conversation(results: int = 12) -> list[dict]:
@@ -232,10 +232,10 @@ def test_the_status_comes_from_the_exception_that_ended_the_walker():
         return map_walker_error({"error": {"message": "m", "details": details}})[0]
 
     frames = "Traceback (most recent call last):\n  File \"walkers/render.jac\", line 1, in run\n"
-    assert status(frames + "graph.errors.InvalidRequest: budget must be >= 64\nsecond line: of the message") == 400
-    assert status(frames + "graph.errors.UnknownSession: no session 'x'") == 404
+    assert status(frames + "engine.errors.InvalidRequest: budget must be >= 64\nsecond line: of the message") == 400
+    assert status(frames + "engine.errors.UnknownSession: no session 'x'") == 404
     # An error raised while handling ours is what failed: a 500.
-    chained = (frames + "graph.errors.InvalidRequest: bad\n\nDuring handling of the above exception, another exception occurred:\n\n"
+    chained = (frames + "engine.errors.InvalidRequest: bad\n\nDuring handling of the above exception, another exception occurred:\n\n"
                + frames + "sqlite3.OperationalError: database is locked")
     assert status(chained) == 500
     assert status(frames + "KeyError: 'x'") == 500

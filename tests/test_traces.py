@@ -8,7 +8,7 @@ import pytest
 
 from contextrender_adapters import Engine
 from contextrender_adapters.checks import pairing_problems
-from graph.measure import get_tokenizer
+from engine.measure import get_tokenizer
 from tests.conftest import TRACES, load_traces
 from tests.test_render import history_of
 

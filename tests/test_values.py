@@ -1,7 +1,7 @@
 """Value abstraction of Tool-Flow Analysis (paper A.2) and the recall tokens (B.4)."""
 
 from contextrender_adapters import engine  # noqa: F401  (puts the Jac modules on the path)
-from graph.values import extract_values, recall_tokens
+from engine.values import extract_values, recall_tokens
 
 
 def test_customer_id_example():

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from byllm.lib import MockLLM
 
-import walkers.compact as compact
+import engine.summaries as compact
 from tests.conftest import assistant, call, tool, user
 from tests.test_render import TOK, filler
 
