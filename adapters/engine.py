@@ -10,18 +10,12 @@ from typing import Any
 from jaclang.jac0core.runtime import JacRuntime, JacUtils
 from jaclang.lib import spawn
 
-from engine.errors import ContextRenderError, InvalidRequest, UnknownSession, HistoryConflict
+from engine.config import RenderConfig
+from engine.errors import ContextRenderError, HistoryConflict, InvalidRequest, UnknownSession
+from engine.plan import RenderResult, ResultDecision
 from walkers.ingest import IngestSummary, ingest_events
+from walkers.render import configure_session, explain_render, render_context, render_variants
 from walkers.sessions import delete_session, export_graph, get_session, list_sessions
-from walkers.render import (
-    RenderConfig,
-    RenderResult,
-    ResultDecision,
-    configure_session,
-    explain_render,
-    render_context,
-    render_variants,
-)
 
 DEFAULT_STORE = os.environ.get("CONTEXTRENDER_STORE", ".contextrender")
 
@@ -57,7 +51,6 @@ class Engine:
             ctx = JacUtils.create_j_context(user_root=None, base_path_dir=str(self.store))
             token = JacRuntime.push_request_context(ctx)
             try:
-                walker.in_process = True
                 # The spawn ends with jaclang's commit to the store: acknowledged means durable.
                 done = spawn(walker, ctx.get_root())
             except BaseException:
@@ -68,7 +61,7 @@ class Engine:
             finally:
                 JacRuntime.reset_request_context(token)
                 ctx.close()
-        return done.outcome
+        return done.reports[0]
 
     def ingest(self, session_id: str, messages: list[dict], *, append: bool = False) -> IngestSummary:
         """Add the unseen events of `messages` (the whole list so far, or only new ones with

@@ -96,8 +96,8 @@ class Replayer:
         return self.stats
 
     def replay_trace(self, trace: dict, bar: Any = None) -> None:
-        from walkers.ingest import EMBED_CLIP
-        from walkers.render import latest_exchange_text
+        from engine.measure import EMBED_CLIP
+        from engine.score import latest_exchange_text
 
         messages = trace["messages"]
         key = f"{trace.get('dataset', '')}/{trace['id']}"
@@ -315,9 +315,10 @@ def _settings(args: argparse.Namespace) -> dict[str, Any]:
 
 def _plan(args: argparse.Namespace) -> tuple[list[str], dict[str, Any]] | None:
     """The selectors to replay (`full` added: the cost reference) and the render settings, each
-    checked by the engine's own RenderConfig (unknown names, bad values, a summary selector without
-    a model); None after printing what to fix."""
-    from contextrender_adapters.engine import InvalidRequest, RenderConfig
+    checked by the engine's own rules (unknown names, bad values, a summary selector without a
+    model); None after printing what to fix."""
+    from contextrender_adapters.engine import InvalidRequest
+    from engine.selectors import render_settings
 
     selectors = args.selectors or list(_selectors())
     if "full" not in selectors:
@@ -325,7 +326,7 @@ def _plan(args: argparse.Namespace) -> tuple[list[str], dict[str, Any]] | None:
     settings = _settings(args)
     try:
         for name in selectors:
-            RenderConfig.build(settings, {"selector": name})
+            render_settings(settings, {"selector": name})
     except InvalidRequest as bad:
         print(f"error: {bad}", file=sys.stderr)
         return None

@@ -18,7 +18,7 @@ from contextrender_adapters.fakeupstream import free_port
 
 REPO = Path(__file__).resolve().parent.parent
 JAC = Path(sys.executable).parent / "jac"
-SERVED = ("contextrender.jac", "jac.toml", "graph", "walkers")
+SERVED = ("contextrender.jac", "jac.toml", "graph", "engine", "walkers")
 START_TIMEOUT = 240.0
 
 

@@ -13,9 +13,8 @@ def build(messages: list[dict]) -> tuple[SessionIndex, list]:
     matches = []
     for message in messages:
         calls = message.get("tool_calls") or []
-        matches.append(
-            index.add(message, None, 10, {c["id"]: 5 for c in calls}, {c["id"]: None for c in calls}, np.zeros(4))
-        )
+        index.add(message, None, 10, {c["id"]: 5 for c in calls}, {c["id"]: None for c in calls}, np.zeros(4))
+        matches.append(index.track(len(index.messages) - 1))
     return index, matches
 
 

@@ -1,4 +1,4 @@
-"""Selectors (walkers/selectors.jac): one registry, shared budget accounting and validity, the B.2
+"""Selectors (engine/selectors.jac): one registry, shared budget accounting and validity, the B.2
 baselines' orderings, and the summary selectors (byLLM typed slots, or the labelled stand-in)."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from contextrender_adapters.checks import pairing_problems
 from engine.measure import get_tokenizer
 from tests.conftest import assistant, call, tool, user
 from tests.test_render import filler
-from engine.selectors import SELECTORS
+from engine.selectors import SELECTORS, render_settings
 
 TOK = get_tokenizer()
 ALL = ["full", "prune", "semantic", "recency-summary", "compact", "cr-recency", "cr-relevance", "cr-recency-relevance", "contextrender"]
@@ -38,15 +38,16 @@ def session(turns: int = 10, size: int = 150) -> list[dict]:
     return messages + [user("continue")]
 
 
-def test_the_registry_is_what_render_config_accepts():
+def test_the_registry_is_what_render_settings_accept():
     assert sorted(SELECTORS) == sorted(ALL)
     for name in SELECTORS:
-        assert RenderConfig.build({"selector": name, "summariser": "offline"}).selector == name
+        assert render_settings({"selector": name, "summariser": "offline"}).selector == name
     with pytest.raises(InvalidRequest, match="unknown selector 'lru'"):
-        RenderConfig.build({"selector": "lru"})
+        render_settings({"selector": "lru"})
     # B.3: the ablations keep their terms at full weight and zero the others.
-    assert RenderConfig.build({"selector": "cr-recency-relevance"}).weights() == (1.0, 0.0, 1.0)
-    assert RenderConfig.build({"selector": "contextrender", "w_reuse": 2.0}).weights() == (1.0, 2.0, 1.0)
+    ablated = SELECTORS["cr-recency-relevance"]
+    assert ablated.weights(render_settings({"selector": "cr-recency-relevance"})) == (1.0, 0.0, 1.0)
+    assert SELECTORS["contextrender"].weights(RenderConfig.build({"w_reuse": 2.0})) == (1.0, 2.0, 1.0)
 
 
 @pytest.mark.parametrize("omitted", ["stub", "drop"])
@@ -226,7 +227,7 @@ def test_renders_with_different_settings_keep_their_own_summaries(engine):
 
 
 def test_summaries_stored_before_they_moved_to_graph_still_load(tmp_path):
-    """SummaryNote and Summarised were declared in engine.selectors; stores name them so."""
+    """SummaryNote and Summarised were declared in walkers.selectors; stores name them so."""
     import sqlite3
 
     from contextrender_adapters import Engine
@@ -238,9 +239,9 @@ def test_summaries_stored_before_they_moved_to_graph_still_load(tmp_path):
         # another schema fingerprint.
         for kind in ("SummaryNote", "Summarised"):
             moved = db.execute(
-                "UPDATE anchors SET arch_module = 'engine.selectors', fingerprint = 'before-the-move', "
+                "UPDATE anchors SET arch_module = 'walkers.selectors', fingerprint = 'before-the-move', "
                 "data = replace(data, ?, ?) WHERE arch_type = ?",
-                (f'"__type__": "{kind}", "__module__": "graph.context"', f'"__type__": "{kind}", "__module__": "engine.selectors"', kind),
+                (f'"__type__": "{kind}", "__module__": "graph.context"', f'"__type__": "{kind}", "__module__": "walkers.selectors"', kind),
             ).rowcount
             assert moved == 1
     # A new process, as after an upgrade: it finds the stored summary and can delete the session.
