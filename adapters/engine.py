@@ -51,6 +51,7 @@ class Engine:
             ctx = JacUtils.create_j_context(user_root=None, base_path_dir=str(self.store))
             token = JacRuntime.push_request_context(ctx)
             try:
+                walker.in_process = True
                 # The spawn ends with jaclang's commit to the store: acknowledged means durable.
                 done = spawn(walker, ctx.get_root())
             except BaseException:
@@ -61,7 +62,7 @@ class Engine:
             finally:
                 JacRuntime.reset_request_context(token)
                 ctx.close()
-        return done.reports[0]
+        return done.outcome
 
     def ingest(self, session_id: str, messages: list[dict], *, append: bool = False) -> IngestSummary:
         """Add the unseen events of `messages` (the whole list so far, or only new ones with
