@@ -21,7 +21,7 @@ from typing import Any
 
 import httpx
 
-from contextrender_adapters.engine import ContextRenderError, HistoryConflict, InvalidRequest, UnknownSession
+from contextrender_adapters.core import ContextRenderError, HistoryConflict, InvalidRequest, UnknownSession
 
 DEFAULT_URL = "http://127.0.0.1:8000"
 # The server names its errors (adapters/server.py); a bare status, such as a 404 from a wrong URL,

@@ -10,26 +10,24 @@ from typing import Any
 from jaclang.jac0core.runtime import JacRuntime, JacUtils
 from jaclang.lib import spawn
 
-from engine.config import RenderConfig
-from engine.errors import ContextRenderError, HistoryConflict, InvalidRequest, UnknownSession
-from engine.plan import RenderResult, ResultDecision
-from walkers.ingest import IngestSummary, ingest_events
-from walkers.render import configure_session, explain_render, render_context, render_variants
-from walkers.sessions import delete_session, export_graph, get_session, list_sessions
+from contextrender_adapters.core import (
+    IngestSummary,
+    RenderConfig,
+    RenderResult,
+    configure_session,
+    delete_session,
+    explain_render,
+    export_graph,
+    get_session,
+    ingest_events,
+    list_sessions,
+    render_context,
+    render_variants,
+)
 
 DEFAULT_STORE = os.environ.get("CONTEXTRENDER_STORE", ".contextrender")
 
-__all__ = [
-    "Engine",
-    "ContextRenderError",
-    "InvalidRequest",
-    "UnknownSession",
-    "HistoryConflict",
-    "IngestSummary",
-    "RenderConfig",
-    "RenderResult",
-    "ResultDecision",
-]
+__all__ = ["Engine", "DEFAULT_STORE"]
 
 
 class Engine:

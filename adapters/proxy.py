@@ -41,7 +41,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.background import BackgroundTask
 from starlette.concurrency import run_in_threadpool
 
-from engine.measure import content_text
+from contextrender_adapters.core import content_text
 
 __all__ = ["Backend", "create_app", "derive_session", "register", "SESSION_HEADER"]
 
@@ -485,7 +485,7 @@ def _backend(args: argparse.Namespace) -> Backend:
 def run(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from engine.selectors import SELECTORS
+    from contextrender_adapters.core import SELECTORS
 
     if args.selector not in SELECTORS:
         # Checked here: once serving, a bad selector would fail every request open.

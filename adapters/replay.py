@@ -19,7 +19,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any, Iterable
 
-from engine.measure import content_text
+from contextrender_adapters.core import content_text
 from contextrender_adapters.evaluate import (
     AGE_BINS,
     Prices,
@@ -41,7 +41,7 @@ Variant = tuple[str, int]
 
 
 def _selectors() -> dict[str, Any]:
-    from engine.selectors import SELECTORS  # the engine's registry (slow import: lazily)
+    from contextrender_adapters.core import SELECTORS  # the engine's registry (slow import: lazily)
 
     return SELECTORS
 
@@ -60,10 +60,8 @@ def load_traces(paths: Iterable[str | os.PathLike[str]], limit: int = 0) -> list
 
 def _embedding_use(selector: str) -> tuple[bool, bool]:
     """(embeds results, embeds a query per managed render) for a selector."""
-    from engine.selectors import Scored, Semantic
-
     obj = _selectors()[selector]
-    return isinstance(obj, (Scored, Semantic)), isinstance(obj, Semantic) or bool(obj.terms[2])
+    return obj.embeds_results, obj.embeds_query()
 
 
 class Replayer:
@@ -71,8 +69,8 @@ class Replayer:
 
     def __init__(self, variants: list[Variant], *, settings: dict[str, Any] | None = None,
                  store: str | os.PathLike[str] | None = None, progress: bool = True) -> None:
+        from contextrender_adapters.core import get_tokenizer
         from contextrender_adapters.engine import Engine
-        from engine.measure import get_tokenizer
 
         self.variants = variants
         self.settings = dict(settings or {})
@@ -96,8 +94,7 @@ class Replayer:
         return self.stats
 
     def replay_trace(self, trace: dict, bar: Any = None) -> None:
-        from engine.measure import EMBED_CLIP
-        from engine.score import latest_exchange_text
+        from contextrender_adapters.core import EMBED_CLIP, latest_exchange_text
 
         messages = trace["messages"]
         key = f"{trace.get('dataset', '')}/{trace['id']}"
@@ -317,8 +314,7 @@ def _plan(args: argparse.Namespace) -> tuple[list[str], dict[str, Any]] | None:
     """The selectors to replay (`full` added: the cost reference) and the render settings, each
     checked by the engine's own rules (unknown names, bad values, a summary selector without a
     model); None after printing what to fix."""
-    from contextrender_adapters.engine import InvalidRequest
-    from engine.selectors import render_settings
+    from contextrender_adapters.core import InvalidRequest, render_settings
 
     selectors = args.selectors or list(_selectors())
     if "full" not in selectors:

@@ -24,7 +24,7 @@ from typing import Any
 
 from jaclang.jac0core.runtime import hookimpl, plugin_manager
 
-from engine.errors import ContextRenderError
+from contextrender_adapters.core import ContextRenderError
 
 logger = logging.getLogger("contextrender.server")
 
@@ -32,7 +32,7 @@ PUBLIC_DEFAULT_SECRET = "supersecretkey_for_testing_only!"
 MIN_SECRET_LENGTH = 32
 DEFAULT_MAX_BODY_MB = 32
 
-# A traceback ends with the exception: "engine.errors.InvalidRequest: message" (a message may
+# A traceback ends with the exception: "graph.errors.InvalidRequest: message" (a message may
 # run over several lines).
 _ERROR_LINE = re.compile(r"^(?:[\w.]+\.)?(\w+): ")
 

@@ -13,7 +13,7 @@ import pytest
 from conftest import assistant, call, tool, user
 from contextrender_adapters.checks import pairing_problems
 from contextrender_adapters.client import AsyncClient, Client, Rendered
-from contextrender_adapters.engine import ContextRenderError, HistoryConflict, InvalidRequest, UnknownSession
+from contextrender_adapters import ContextRenderError, HistoryConflict, InvalidRequest, UnknownSession
 from jacserver import JAC, JacServer
 from engine.measure import get_tokenizer
 
