@@ -67,6 +67,9 @@ def test_session_endpoints(alice):
     summary = alice.ingest("s-endpoints", messages)
     assert summary["added"] == len(messages) - 1  # the system prompt is kept on the session
     assert alice.ingest("s-endpoints", messages)["added"] == 0  # idempotent
+    variants = alice.render_variants("s-endpoints", [{"budget": 300}, {"budget": 300, "selector": "prune"}], explain=True)
+    assert [(type(v), v.selector) for v in variants] == [(Rendered, "contextrender"), (Rendered, "prune")]
+    assert all(v.history_tokens <= 300 and v.decisions for v in variants)
     session = alice.get_session("s-endpoints", include_messages=True)
     assert session["events"] == len(messages) - 1 and session["tool_results"] == 5
     assert session["messages"] == messages
@@ -121,6 +124,7 @@ def test_bad_input_gets_4xx_and_changes_nothing(jac_server, alice):
         "rewrite with reject": (lambda: alice.render("guarded", [user("different start")], budget=500, on_rewrite="reject"), HistoryConflict, "rewrite"),
         "unknown session": (lambda: alice.export_graph("never-made"), UnknownSession, "no session"),
         "export format": (lambda: alice.export_graph("guarded", format="svg"), InvalidRequest, "format must be"),
+        "variant not an object": (lambda: alice.render_variants("guarded", ["prune"]), InvalidRequest, "variants must be"),
     }
     for name, (attempt, error, words) in bad_calls.items():
         with pytest.raises(error) as failure:
