@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 import uuid
 
 import httpx
@@ -14,7 +15,7 @@ from conftest import assistant, call, tool, user
 from contextrender_adapters.checks import pairing_problems
 from contextrender_adapters.client import AsyncClient, Client, Rendered
 from contextrender_adapters import ContextRenderError, HistoryConflict, InvalidRequest, UnknownSession
-from jacserver import JAC, JacServer
+from jacserver import JAC, REPO, JacServer
 from engine.measure import get_tokenizer
 
 
@@ -243,3 +244,18 @@ def test_the_status_comes_from_the_exception_that_ended_the_walker():
                + frames + "sqlite3.OperationalError: database is locked")
     assert status(chained) == 500
     assert status(frames + "KeyError: 'x'") == 500
+
+
+def test_jaclang_loads_the_server_plugin_from_its_entry_point():
+    # A fresh interpreter that imports only jaclang (as `jac start` does): the entry point in
+    # pyproject.toml registers the plugin, after jac-scale's, so its server class answers.
+    code = ("import jaclang; from jaclang.jac0core.runtime import plugin_manager; "
+            "print(plugin_manager.hook.get_api_server_class().__name__)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "ContextRenderServer"
+    assert "contextrender_adapters" not in (REPO / "contextrender.jac").read_text()
+
+
+def test_a_weak_jwt_secret_stops_the_server(tmp_path):
+    with pytest.raises(RuntimeError, match="refuses to start: the JWT secret is shorter than 32 characters"):
+        JacServer(tmp_path / "weak", CONTEXTRENDER_JWT_SECRET="too-short").start()
