@@ -1,4 +1,4 @@
-"""adapters/core.py: the Python layer's one door into the Jac modules."""
+"""adapters/core.py: the Python layer's one door into the Jac modules (for adapters/ and evaluation/)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 from contextrender_adapters import core
 
 REPO = Path(__file__).resolve().parent.parent
-PYTHON_LAYER = ("adapters",)
+PYTHON_LAYER = ("adapters", "evaluation")
 JAC_PACKAGES = {"graph", "walkers", "engine"}
 
 
