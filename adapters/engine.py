@@ -11,9 +11,13 @@ from jaclang.jac0core.runtime import JacRuntime, JacUtils
 from jaclang.lib import spawn
 
 from contextrender_adapters import core
-from contextrender_adapters.endpoints import EndpointMethods
+from contextrender_adapters.endpoints import ENDPOINTS, EndpointMethods
 
 DEFAULT_STORE = os.environ.get("CONTEXTRENDER_STORE", ".contextrender")
+
+# The endpoint walkers, loaded with this module: the Jac modules take seconds to load, which
+# belongs to start-up (the proxy's, a replay's), not to the first call.
+WALKERS = {name: getattr(core, name) for name in ENDPOINTS}
 
 __all__ = ["Engine", "DEFAULT_STORE"]
 
@@ -33,8 +37,7 @@ class Engine(EndpointMethods):
         self._lock = threading.Lock()
 
     def _call(self, walker: str, **fields: Any) -> Any:
-        # The endpoint's walker archetype, by the name the server serves it under.
-        return self._run(getattr(core, walker)(**fields))
+        return self._run(WALKERS[walker](**fields))
 
     def _run(self, walker: Any) -> Any:
         # A fresh execution context per call, like a server request: its commit scans only the
