@@ -16,7 +16,7 @@ import sys
 import tempfile
 from collections import defaultdict
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator
 
 from contextrender_adapters.core import content_text
 from contextrender_eval.evaluate import (
@@ -51,6 +51,20 @@ def load_traces(paths: Iterable[str | os.PathLike[str]], limit: int = 0) -> list
             trace["dataset"] = Path(path).stem
             traces.append(trace)
     return traces
+
+
+def assistant_turns(engine: Any, session_id: str, messages: list[dict]) -> Iterator[tuple[int, dict]]:
+    """Each assistant turn j of a transcript, as a live agent reaches it: the events before it
+    are ingested (only the new ones) before (j, messages[j]) is yielded, so the session holds
+    `messages[:j]`; turn j itself is never ingested."""
+    done = 0
+    for j, message in enumerate(messages):
+        if message.get("role") != "assistant":
+            continue
+        if messages[done:j]:
+            engine.ingest(session_id, messages[done:j], append=True)
+        done = j
+        yield j, message
 
 
 def _embedding_use(selector: str) -> tuple[bool, bool]:
@@ -106,13 +120,7 @@ class Replayer:
         needed = {v: False for v in self.variants}
         embedded = sum(tok.count(content_text(m.get("content"))[:EMBED_CLIP]) for m in messages if m.get("role") == "tool")
         requests = [{"budget": b, "selector": s, **self.settings} for (s, b) in self.variants]
-        done = 0
-        for j, message in enumerate(messages):
-            if message.get("role") != "assistant":
-                continue
-            if messages[done:j]:
-                engine.ingest(trace["id"], messages[done:j], append=True)
-            done = j
+        for j, message in assistant_turns(engine, trace["id"], messages):
             results = engine.render_variants(trace["id"], requests)
             output = tok.message_tokens(message)
             query = tok.count(latest_exchange_text(messages[:j]))
