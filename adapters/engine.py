@@ -10,31 +10,23 @@ from typing import Any
 from jaclang.jac0core.runtime import JacRuntime, JacUtils
 from jaclang.lib import spawn
 
-from engine.config import RenderConfig
-from engine.errors import ContextRenderError, HistoryConflict, InvalidRequest, UnknownSession
-from engine.plan import RenderResult, ResultDecision
-from walkers.ingest import IngestSummary, ingest_events
-from walkers.render import configure_session, explain_render, render_context, render_variants
-from walkers.sessions import delete_session, export_graph, get_session, list_sessions
+from contextrender_adapters import core
+from contextrender_adapters.endpoints import ENDPOINTS, EndpointMethods
 
 DEFAULT_STORE = os.environ.get("CONTEXTRENDER_STORE", ".contextrender")
 
-__all__ = [
-    "Engine",
-    "ContextRenderError",
-    "InvalidRequest",
-    "UnknownSession",
-    "HistoryConflict",
-    "IngestSummary",
-    "RenderConfig",
-    "RenderResult",
-    "ResultDecision",
-]
+# The endpoint walkers, loaded with this module: the Jac modules take seconds to load, which
+# belongs to start-up (the proxy's, a replay's), not to the first call.
+WALKERS = {name: getattr(core, name) for name in ENDPOINTS}
+
+__all__ = ["Engine", "DEFAULT_STORE"]
 
 
-class Engine:
+class Engine(EndpointMethods):
     """ContextRender on a local graph store (SQLite under `store`/.jac/data).
 
+    Every endpoint is a method (adapters/endpoints.py): `ingest` reports an IngestSummary,
+    `render`, `explain` and `render_variants` RenderResults, `configure` the RenderConfig.
     Every call is committed before it returns, so what a call acknowledged survives a crash.
     Calls are serialised: one engine is safe to share between threads.
     """
@@ -43,6 +35,9 @@ class Engine:
         self.store = Path(store).resolve()
         self.store.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
+
+    def _call(self, walker: str, **fields: Any) -> Any:
+        return self._run(WALKERS[walker](**fields))
 
     def _run(self, walker: Any) -> Any:
         # A fresh execution context per call, like a server request: its commit scans only the
@@ -63,62 +58,3 @@ class Engine:
                 JacRuntime.reset_request_context(token)
                 ctx.close()
         return done.outcome
-
-    def ingest(self, session_id: str, messages: list[dict], *, append: bool = False) -> IngestSummary:
-        """Add the unseen events of `messages` (the whole list so far, or only new ones with
-        `append=True`) to the session, creating it on first use."""
-        return self._run(ingest_events(session_id=session_id, messages=messages, append=append))
-
-    def render(
-        self,
-        session_id: str,
-        messages: list[dict] | None = None,
-        *,
-        budget: int,
-        selector: str = "",
-        explain: bool = False,
-        **params: Any,
-    ) -> RenderResult:
-        """Ingest what is new in `messages`, then render the history for the next model call
-        within `budget` tokens. `params` override any RenderConfig field for this call."""
-        return self._run(
-            render_context(
-                session_id=session_id,
-                messages=messages or [],
-                budget=budget,
-                selector=selector,
-                params=params,
-                include_decisions=explain,
-            )
-        )
-
-    def render_variants(
-        self, session_id: str, variants: list[dict[str, Any]], *, explain: bool = False
-    ) -> list[RenderResult]:
-        """Render the stored history once per variant (RenderConfig settings plus `budget`),
-        in one call: how a replay compares selectors and budgets at each turn."""
-        return self._run(render_variants(session_id=session_id, variants=variants, include_decisions=explain))
-
-    def explain(self, session_id: str) -> RenderResult:
-        """The last render of a session with its per-result decisions."""
-        return self._run(explain_render(session_id=session_id))
-
-    def configure(self, session_id: str, **params: Any) -> RenderConfig:
-        """Set a session's render settings (kept in the graph)."""
-        return self._run(configure_session(session_id=session_id, params=params))
-
-    def get_session(self, session_id: str, *, include_messages: bool = False) -> dict:
-        """A session's counts, tokens, settings and last render (and its messages if asked)."""
-        return self._run(get_session(session_id=session_id, include_messages=include_messages))
-
-    def list_sessions(self) -> list[dict]:
-        """Every session in the store, oldest first."""
-        return self._run(list_sessions())
-
-    def delete_session(self, session_id: str) -> dict:
-        """Delete a session and everything stored under it."""
-        return self._run(delete_session(session_id=session_id))
-
-    def export_graph(self, session_id: str, *, format: str = "json", limit: int = 2000) -> dict:
-        """The session graph as JSON (nodes, edges) or as Graphviz DOT (key "dot")."""
-        return self._run(export_graph(session_id=session_id, format=format, limit=limit))

@@ -30,7 +30,6 @@ import json
 import logging
 import os
 import re
-import zlib
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable
 from typing import Any, Protocol
@@ -41,7 +40,8 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.background import BackgroundTask
 from starlette.concurrency import run_in_threadpool
 
-from engine.measure import content_text
+from contextrender_adapters.core import content_text
+from contextrender_adapters.streams import Decoder, StreamAnswer, body_answer
 
 __all__ = ["Backend", "create_app", "derive_session", "register", "SESSION_HEADER"]
 
@@ -136,99 +136,6 @@ def _normal(message: Any) -> Any:
     return out
 
 
-# ---------------------------------------------------------------- the answer, from a body or a stream
-
-
-class _Decoder:
-    """Decodes a (possibly compressed) upstream body so the answer can be read; the bytes sent
-    to the client are never touched."""
-
-    def __init__(self, encoding: str) -> None:
-        encoding = encoding.strip().lower()
-        self.ok = encoding in ("", "identity", "gzip", "deflate")
-        self._z = None
-        if encoding == "gzip":
-            self._z = zlib.decompressobj(16 + zlib.MAX_WBITS)
-        elif encoding == "deflate":
-            self._z = zlib.decompressobj()
-
-    def feed(self, chunk: bytes) -> bytes:
-        return self._z.decompress(chunk) if self._z else chunk
-
-
-class _StreamAnswer:
-    """Rebuilds the assistant message from chat-completions SSE chunks (choice 0)."""
-
-    def __init__(self) -> None:
-        self._buffer = b""
-        self.message: dict[str, Any] = {"role": "assistant"}
-        self._texts: dict[str, list[str]] = {}
-        self._calls: dict[int, dict] = {}
-        self.choices: set[int] = set()
-        self.done = False
-        self.broken = False
-
-    def feed(self, data: bytes) -> None:
-        self._buffer += data
-        *lines, self._buffer = self._buffer.split(b"\n")
-        for line in lines:
-            line = line.strip()
-            if not line.startswith(b"data:"):
-                continue
-            payload = line[5:].strip()
-            if payload == b"[DONE]":
-                self.done = True
-                continue
-            try:
-                chunk = json.loads(payload)
-                for choice in chunk.get("choices") or []:
-                    self._choice(choice)
-            except (ValueError, AttributeError, TypeError):
-                self.broken = True
-
-    def _choice(self, choice: dict) -> None:
-        self.choices.add(choice.get("index", 0))
-        if choice.get("index", 0) != 0:
-            return
-        delta = choice.get("delta") or {}
-        for key, value in delta.items():
-            if key == "tool_calls":
-                for part in value or []:
-                    call = self._calls.setdefault(
-                        part.get("index", 0), {"id": "", "type": "function", "function": {"name": "", "arguments": ""}}
-                    )
-                    call["id"] = part.get("id") or call["id"]
-                    call["type"] = part.get("type") or call["type"]
-                    function = part.get("function") or {}
-                    call["function"]["name"] += function.get("name") or ""
-                    call["function"]["arguments"] += function.get("arguments") or ""
-            elif key == "role":
-                self.message["role"] = value or "assistant"
-            elif isinstance(value, str):
-                self._texts.setdefault(key, []).append(value)
-
-    def answer(self) -> dict | None:
-        if self.broken or len(self.choices) != 1 or not (self._texts or self._calls):
-            return None
-        message = dict(self.message)
-        for key, parts in self._texts.items():
-            message[key] = "".join(parts)
-        message.setdefault("content", None)
-        if self._calls:
-            message["tool_calls"] = [self._calls[i] for i in sorted(self._calls)]
-        return _normal(message)
-
-
-def _body_answer(body: bytes) -> dict | None:
-    try:
-        choices = json.loads(body).get("choices") or []
-    except (ValueError, AttributeError):
-        return None
-    if len(choices) != 1 or not isinstance(choices[0].get("message"), dict):
-        return None
-    return _normal(choices[0]["message"])
-
-
 # ---------------------------------------------------------------- the proxy
 
 
@@ -289,7 +196,7 @@ class _Proxy:
             relayed.raw_headers = _raw(out_headers + ([("content-length", length)] if length is not None else []))
             return relayed
         wants_answer = response.status_code == 200
-        decoder = _Decoder(response.headers.get("content-encoding", ""))
+        decoder = Decoder(response.headers.get("content-encoding", ""))
         if "text/event-stream" not in response.headers.get("content-type", ""):
             try:
                 raw = b"".join([chunk async for chunk in response.aiter_raw()])
@@ -297,13 +204,13 @@ class _Proxy:
                 await response.aclose()
             task = None  # a chat-completions answer (JSON): read whole to ingest it
             if wants_answer and decoder.ok:
-                answer = _body_answer(decoder.feed(raw))
-                task = on_answer(answer) if answer else None
+                answer = body_answer(decoder.feed(raw))
+                task = on_answer(_normal(answer)) if answer else None
             plain = Response(raw, status_code=response.status_code, background=task)
             plain.raw_headers = _raw(out_headers) + [(b"content-length", str(len(raw)).encode())]
             return plain
 
-        stream = _StreamAnswer()
+        stream = StreamAnswer()
         tasks: list[BackgroundTask] = []
 
         async def relay() -> AsyncIterator[bytes]:
@@ -319,7 +226,7 @@ class _Proxy:
             if wants_answer and decoder.ok and stream.done:
                 stream.feed(b"\n")
                 answer = stream.answer()
-                task = on_answer(answer) if answer else None
+                task = on_answer(_normal(answer)) if answer else None
                 if task:
                     tasks.append(task)
 
@@ -485,7 +392,7 @@ def _backend(args: argparse.Namespace) -> Backend:
 def run(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from engine.selectors import SELECTORS
+    from contextrender_adapters.core import SELECTORS
 
     if args.selector not in SELECTORS:
         # Checked here: once serving, a bad selector would fail every request open.

@@ -1,4 +1,5 @@
-"""What ContextRender adds to `jac start`'s HTTP server (imported by contextrender.jac).
+"""What ContextRender adds to `jac start`'s HTTP server (a jaclang plugin: the `jac` entry point
+`server` in pyproject.toml).
 
 - Errors that say what to fix: a walker that raises one of ContextRender's errors answers with
   its HTTP status (400, 404, 409) and message instead of jac-scale's generic 500; other failures
@@ -8,9 +9,10 @@
 - No public JWT secret: the server refuses to start with jac-scale's built-in test secret or a
   short one, unless CONTEXTRENDER_DEV=1 (scripts/serve.sh generates and keeps a strong one).
 
-jac-scale builds its FastAPI app in its server class; this module registers a jaclang plugin whose
-server class is jac-scale's with the two additions. `jac start` imports the served module before
-it asks for the server class, and the last plugin registered answers first.
+jac-scale builds its FastAPI app in its server class; this module is a jaclang plugin whose
+server class is jac-scale's with the two additions. jaclang loads the plugins of the `jac` entry
+point group when it is imported, and the last plugin registered answers first: importing
+jac-scale's plugin here registers it before this one, whatever order the entry points come in.
 """
 
 from __future__ import annotations
@@ -22,9 +24,8 @@ import os
 import re
 from typing import Any
 
-from jaclang.jac0core.runtime import hookimpl, plugin_manager
-
-from engine.errors import ContextRenderError
+import jac_scale.plugin  # noqa: F401  (registers jac-scale's server class hook before ours)
+from jaclang.jac0core.runtime import hookimpl
 
 logger = logging.getLogger("contextrender.server")
 
@@ -32,13 +33,16 @@ PUBLIC_DEFAULT_SECRET = "supersecretkey_for_testing_only!"
 MIN_SECRET_LENGTH = 32
 DEFAULT_MAX_BODY_MB = 32
 
-# A traceback ends with the exception: "engine.errors.InvalidRequest: message" (a message may
+# A traceback ends with the exception: "graph.errors.InvalidRequest: message" (a message may
 # run over several lines).
 _ERROR_LINE = re.compile(r"^(?:[\w.]+\.)?(\w+): ")
 
 
 def _error_statuses() -> dict[str, int]:
     """HTTP status of each ContextRender error class, by class name."""
+    # Imported here: this module loads while jaclang itself is being imported (a plugin).
+    from contextrender_adapters.core import ContextRenderError
+
     statuses = {ContextRenderError.__name__: ContextRenderError.status}
     pending = list(ContextRenderError.__subclasses__())
     while pending:
@@ -228,7 +232,3 @@ class ServerPlugin:
     @hookimpl
     def get_api_server_class() -> type:
         return server_class()
-
-
-if not plugin_manager.is_registered(ServerPlugin):
-    plugin_manager.register(ServerPlugin, name="contextrender-server")
