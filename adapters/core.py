@@ -27,6 +27,8 @@ _FROM: dict[str, tuple[str, ...]] = {
     "engine.errors": ("ContextRenderError", "InvalidRequest", "UnknownSession", "HistoryConflict"),
     "engine.measure": ("content_text", "get_tokenizer", "EMBED_CLIP"),
     "engine.values": ("recall_tokens",),
+    # The request rules the server also applies to every JSON body (adapters/server.py).
+    "engine.validate": ("MAX_DEPTH", "check_message"),
 }
 
 _MODULE_OF = {name: module for (module, names) in _FROM.items() for name in names}

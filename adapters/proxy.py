@@ -16,8 +16,13 @@ For `POST /v1/chat/completions` the proxy
    when the upstream streams;
 4. ingests the answer's assistant message into the session once the answer is complete.
 
-If the backend fails, the proxy logs it and forwards the original request (fail-open), unless it
-was created with `fail_closed=True`: then it answers with the error (the engine's 4xx status, or 502).
+If the backend fails, the proxy logs it once per session and forwards the original request
+(fail-open), unless it was created with `fail_closed=True`: then it answers with the error (the
+engine's 4xx status, or 502). Every chat-completions answer says which happened in the header
+`X-ContextRender-Status`: `managed`, or `unmanaged; reason=<why>`.
+
+The upstream must answer within `upstream_timeout` seconds of silence (504 otherwise); a
+non-streamed answer cut short is a 502; when the client leaves, the upstream call is cancelled.
 """
 
 from __future__ import annotations
@@ -43,11 +48,14 @@ from starlette.concurrency import run_in_threadpool
 from contextrender_adapters.core import content_text
 from contextrender_adapters.streams import Decoder, StreamAnswer, body_answer
 
-__all__ = ["Backend", "create_app", "derive_session", "register", "SESSION_HEADER"]
+__all__ = ["Backend", "create_app", "derive_session", "register", "SESSION_HEADER", "STATUS_HEADER"]
 
 log = logging.getLogger("contextrender.proxy")
 
 SESSION_HEADER = "x-contextrender-session"
+STATUS_HEADER = "x-contextrender-status"
+# Seconds the upstream may stay silent (before its headers, or between two chunks) before a 504.
+DEFAULT_UPSTREAM_TIMEOUT = 600.0
 _DIGITS = re.compile(r"\d+")
 # Engine errors that are the request's fault (malformed messages, a rewrite refused, too large).
 _REQUEST_FAULTS = {400, 409, 413, 422}
@@ -148,12 +156,46 @@ class _SessionState:
         self.lock = asyncio.Lock()
         self.turn = 0
         self.answers: dict[int, dict] = {}
+        # Whether its last request went upstream unmanaged (warned once until it is managed again).
+        self.unmanaged = False
+
+
+def _error(status: int, message: str, kind: str) -> JSONResponse:
+    """An error in OpenAI's shape."""
+    return JSONResponse({"error": {"message": message, "type": kind, "code": status}}, status_code=status)
+
+
+class _ClientGone(Exception):
+    """The client disconnected while the proxy waited for the upstream."""
+
+
+async def _client_gone(request: Request) -> None:
+    """Returns when the client disconnects (its body is read: `receive` then waits for that)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _unless_gone(gone: asyncio.Future, work: Any) -> Any:
+    """`work`'s result, or _ClientGone (with `work` cancelled: httpx closes its connection) if the
+    client leaves first."""
+    task = asyncio.ensure_future(work)
+    await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
+    if task.done():
+        return task.result()
+    task.cancel()
+    with contextlib.suppress(BaseException):
+        await task
+    raise _ClientGone
+
+
+async def _read_all(response: httpx.Response) -> bytes:
+    return b"".join([chunk async for chunk in response.aiter_raw()])
 
 
 class _Proxy:
     def __init__(
         self, backend: Backend, upstream: str, budget: int, selector: str, fail_closed: bool,
-        client: httpx.AsyncClient | None = None,
+        client: httpx.AsyncClient | None = None, upstream_timeout: float = DEFAULT_UPSTREAM_TIMEOUT,
     ) -> None:
         self.backend = backend
         self.upstream = upstream.rstrip("/")
@@ -161,6 +203,7 @@ class _Proxy:
         self.selector = selector or DEFAULT_SELECTOR
         self.fail_closed = fail_closed
         self.client = client
+        self.upstream_timeout = upstream_timeout
         # Per session, least recently used first: its lock, its request count, and the answers
         # the proxy stored, by their position in the message list.
         self._sessions: OrderedDict[str, _SessionState] = OrderedDict()
@@ -173,6 +216,23 @@ class _Proxy:
 
     async def forward(
         self, request: Request, body: bytes, on_answer: Callable[[dict], BackgroundTask | None] | None = None,
+        status: str = "",
+    ) -> Response:
+        """The upstream's answer to `body`; `status` goes back in X-ContextRender-Status. Until the
+        answer streams, a client that leaves cancels the upstream call (then StreamingResponse
+        does: it cancels `relay`)."""
+        gone = asyncio.ensure_future(_client_gone(request))
+        try:
+            return await self._forward(request, body, on_answer, status, gone)
+        except _ClientGone:
+            log.info("client left before the upstream answered %s; upstream call cancelled", request.url.path)
+            return Response(status_code=499)
+        finally:
+            gone.cancel()
+
+    async def _forward(
+        self, request: Request, body: bytes, on_answer: Callable[[dict], BackgroundTask | None] | None,
+        status: str, gone: asyncio.Future,
     ) -> Response:
         headers = [(k, v) for (k, v) in request.headers.items() if k.lower() not in _REQUEST_SKIP]
         # A bare httpx.Request: the client's default headers (User-Agent, Accept-Encoding) would
@@ -181,14 +241,14 @@ class _Proxy:
             request.method, self.url(request.url.path, request.url.query), headers=headers, content=body,
         )
         try:
-            response = await self.client.send(upstream_request, stream=True)
+            response = await _unless_gone(gone, self.client.send(upstream_request, stream=True))
+        except httpx.TimeoutException as exc:
+            return self.timed_out(exc)
         except httpx.HTTPError as exc:
             log.warning("upstream %s unreachable: %s", self.upstream, exc)
-            return JSONResponse(
-                {"error": {"message": f"ContextRender proxy: upstream {self.upstream} failed: {exc}", "type": "upstream_error"}},
-                status_code=502,
-            )
+            return _error(502, f"ContextRender proxy: upstream {self.upstream} failed: {exc}", "upstream_error")
         out_headers = [(k, v) for (k, v) in response.headers.multi_items() if k.lower() not in _RESPONSE_SKIP]
+        out_headers += [(STATUS_HEADER, status)] if status else []
         if on_answer is None:
             # Passthrough: the bytes as they come, with the upstream's length (HEAD included).
             length = response.headers.get("content-length")
@@ -199,7 +259,12 @@ class _Proxy:
         decoder = Decoder(response.headers.get("content-encoding", ""))
         if "text/event-stream" not in response.headers.get("content-type", ""):
             try:
-                raw = b"".join([chunk async for chunk in response.aiter_raw()])
+                raw = await _unless_gone(gone, _read_all(response))
+            except httpx.TimeoutException as exc:
+                return self.timed_out(exc)
+            except httpx.HTTPError as exc:
+                log.warning("upstream %s closed its answer early: %s", self.upstream, exc)
+                return _error(502, f"ContextRender proxy: upstream {self.upstream} closed its answer before the end: {exc}", "upstream_error")
             finally:
                 await response.aclose()
             task = None  # a chat-completions answer (JSON): read whole to ingest it
@@ -219,6 +284,8 @@ class _Proxy:
                     yield chunk
                     if wants_answer and decoder.ok:
                         stream.feed(decoder.feed(chunk))
+            except httpx.HTTPError as exc:  # headers are sent: the stream can only end early
+                log.warning("upstream %s stream ended early: %s", self.upstream, exc)
             finally:
                 await response.aclose()
             # Runs before the response's last frame is sent: the answer is recorded before the
@@ -237,6 +304,10 @@ class _Proxy:
         streaming = StreamingResponse(relay(), status_code=response.status_code, background=BackgroundTask(after))
         streaming.raw_headers = _raw(out_headers)
         return streaming
+
+    def timed_out(self, exc: Exception) -> Response:
+        log.warning("upstream %s timed out: %s", self.upstream, type(exc).__name__)
+        return _error(504, f"ContextRender proxy: upstream {self.upstream} sent nothing for {self.upstream_timeout:g} s (--upstream-timeout)", "upstream_timeout")
 
     # -- sessions
 
@@ -298,10 +369,13 @@ class _Proxy:
         raw = await request.body()
         try:
             body = json.loads(raw)
+        except RecursionError:
+            return _error(400, "ContextRender proxy: the JSON body is nested too deeply", "invalid_request_error")
         except ValueError:
             body = None
         if not isinstance(body, dict) or not isinstance(body.get("messages"), list):
-            return await self.forward(request, raw)  # not ours to judge: the upstream answers it
+            # Not ours to judge: the upstream answers it.
+            return await self.forward(request, raw, status="unmanaged; reason=no_messages_list")
         messages = body["messages"]
         session_id = request.headers.get(SESSION_HEADER) or derive_session(messages)
         failure: Exception | None = None
@@ -319,9 +393,13 @@ class _Proxy:
                 failure = exc
         if failure is not None:
             return await self.engine_failed(request, raw, session_id, failure)
+        state.unmanaged = False
         body["messages"] = rendered
-        out = json.dumps(body, ensure_ascii=False).encode()
-        return await self.forward(request, out, on_answer=self.answered(session_id, turn, len(messages)))
+        try:
+            out = json.dumps(body, ensure_ascii=False).encode()
+        except RecursionError:
+            return _error(400, "ContextRender proxy: the JSON body is nested too deeply", "invalid_request_error")
+        return await self.forward(request, out, on_answer=self.answered(session_id, turn, len(messages)), status="managed")
 
     async def engine_failed(self, request: Request, raw: bytes, session_id: str, exc: Exception) -> Response:
         status = getattr(exc, "status", 500)
@@ -330,9 +408,15 @@ class _Proxy:
             # expired login) is the proxy's failure, not the agent's: 502.
             code = status if status in _REQUEST_FAULTS else 502
             kind = "invalid_request_error" if code != 502 else "contextrender_error"
-            return JSONResponse({"error": {"message": f"ContextRender: {exc}", "type": kind, "code": code}}, status_code=code)
-        log.warning("session %s: render failed, forwarding the original request: %s: %s", session_id, type(exc).__name__, exc)
-        return await self.forward(request, raw)
+            return _error(code, f"ContextRender: {exc}", kind)
+        # Fail-open: the agent gets its answer, and the header says the history went unmanaged;
+        # the log says why once, not at every call of a session that keeps failing.
+        state = self.session(session_id)
+        if not state.unmanaged:
+            state.unmanaged = True
+            log.warning("session %s: render failed, forwarding requests unmanaged until it works again: %s: %s",
+                        session_id, type(exc).__name__, exc)
+        return await self.forward(request, raw, status=f"unmanaged; reason={type(exc).__name__}")
 
 
 def create_app(
@@ -341,15 +425,23 @@ def create_app(
     budget: int,
     selector: str = DEFAULT_SELECTOR,
     fail_closed: bool = False,
+    upstream_timeout: float | None = None,
 ) -> FastAPI:
-    """The proxy as an ASGI app (serve it with uvicorn). `backend` is an `Engine` or a `Client`."""
+    """The proxy as an ASGI app (serve it with uvicorn). `backend` is an `Engine` or a `Client`.
+    `upstream_timeout`: seconds of upstream silence before a 504 (default
+    $CONTEXTRENDER_UPSTREAM_TIMEOUT or 600)."""
     if not isinstance(budget, int) or budget <= 0:
         raise ValueError(f"budget must be a positive number of tokens (got {budget!r})")
-    proxy = _Proxy(backend, upstream, budget, selector, fail_closed)
+    if upstream_timeout is None:
+        upstream_timeout = float(os.environ.get("CONTEXTRENDER_UPSTREAM_TIMEOUT", DEFAULT_UPSTREAM_TIMEOUT))
+    if not upstream_timeout > 0:
+        raise ValueError(f"upstream_timeout must be a positive number of seconds (got {upstream_timeout!r})")
+    proxy = _Proxy(backend, upstream, budget, selector, fail_closed, upstream_timeout=upstream_timeout)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        async with httpx.AsyncClient(timeout=httpx.Timeout(None, connect=30.0), limits=httpx.Limits(max_connections=None)) as client:
+        timeout = httpx.Timeout(upstream_timeout, connect=30.0, pool=None)
+        async with httpx.AsyncClient(timeout=timeout, limits=httpx.Limits(max_connections=None)) as client:
             proxy.client = client
             yield
 
@@ -399,7 +491,7 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit(f"contextrender proxy: unknown selector {args.selector!r}; known: {', '.join(SELECTORS)}")
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    app = create_app(_backend(args), args.upstream, args.budget, args.selector, args.fail_closed)
+    app = create_app(_backend(args), args.upstream, args.budget, args.selector, args.fail_closed, args.upstream_timeout)
     where = f"server {args.server}" if args.server else f"store {os.path.abspath(args.store)}"
     log.info("proxy on http://%s:%d -> %s (budget %d, selector %s, %s)", args.host, args.port, args.upstream, args.budget, args.selector, where)
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
@@ -422,4 +514,6 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--token", default=os.environ.get("CONTEXTRENDER_TOKEN", ""), help="with --server: bearer token (default $CONTEXTRENDER_TOKEN)")
     parser.add_argument("--store", default=os.environ.get("CONTEXTRENDER_STORE", ".contextrender"), help="without --server: the graph store (default $CONTEXTRENDER_STORE or .contextrender)")
     parser.add_argument("--fail-closed", action="store_true", help="answer engine failures with an error instead of forwarding the original request")
+    parser.add_argument("--upstream-timeout", type=float, default=None,
+                        help=f"seconds the upstream may send nothing before a 504 (default $CONTEXTRENDER_UPSTREAM_TIMEOUT or {DEFAULT_UPSTREAM_TIMEOUT:g})")
     parser.set_defaults(func=run)

@@ -51,9 +51,10 @@ def upstream():
 
 @pytest.fixture(scope="session")
 def jac_server(tmp_path_factory):
-    """One real server for the session's HTTP tests (bodies over 1 MB are refused, to test 413)."""
+    """One real server for the session's HTTP tests (bodies over 1 MB are refused, to test 413; a
+    body that stalls 3 s gets 408)."""
     from jacserver import JacServer
 
-    server = JacServer(tmp_path_factory.mktemp("jac_server"), CONTEXTRENDER_MAX_BODY_MB="1").start()
+    server = JacServer(tmp_path_factory.mktemp("jac_server"), CONTEXTRENDER_MAX_BODY_MB="1", CONTEXTRENDER_BODY_TIMEOUT="3").start()
     yield server
     server.stop()
