@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from engine.measure import content_text
+
 __all__ = ["EventReader", "arguments", "openai_usage", "origins_of", "plain", "usage_counts"]
 
 
@@ -95,7 +97,8 @@ def origins_of(rendered: list[dict], prepared: list[dict], known: list[bool]) ->
     recur (one agent's reminders), whose copies may differ in what the normal form leaves out."""
     by_result: dict[str, int] = {}
     by_call: dict[str, int] = {}
-    by_content: dict[str, list[int]] = {}
+    # Candidates by role and text (cheap to compute); equal content is checked on lookup.
+    by_text: dict[tuple[str, str], list[int]] = {}
     for (i, message) in enumerate(prepared):
         if not known[i]:
             continue
@@ -104,7 +107,7 @@ def origins_of(rendered: list[dict], prepared: list[dict], known: list[bool]) ->
             continue
         for call in message.get("tool_calls") or []:
             by_call[call["id"]] = i
-        by_content.setdefault(json.dumps([message.get("role"), message.get("content")], sort_keys=True), []).append(i)
+        by_text.setdefault((message.get("role"), content_text(message.get("content"))), []).append(i)
     found: list[int | None] = [None] * len(rendered)
     cursor = len(prepared)
     for r in range(len(rendered) - 1, -1, -1):
@@ -115,8 +118,8 @@ def origins_of(rendered: list[dict], prepared: list[dict], known: list[bool]) ->
         elif calls:
             i = by_call.get(calls[0]["id"])
         else:
-            same = by_content.get(json.dumps([message.get("role"), message.get("content")], sort_keys=True), [])
-            i = next((j for j in reversed(same) if j < cursor), None)
+            same = by_text.get((message.get("role"), content_text(message.get("content"))), [])
+            i = next((j for j in reversed(same) if j < cursor and prepared[j].get("content") == message.get("content")), None)
         if i is not None:
             found[r] = i
             cursor = i

@@ -36,7 +36,7 @@ import logging
 import os
 import re
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any, Protocol
 
 import httpx
@@ -323,7 +323,7 @@ class _Proxy:
     async def forward(
         self, request: Request, body: bytes, fmt: Format = _CHAT,
         on_answer: Callable[[dict | None, dict], BackgroundTask | None] | None = None,
-        headers: list[tuple[str, str]] = (),
+        headers: Sequence[tuple[str, str]] = (),
     ) -> Response:
         sent = [(k, v) for (k, v) in request.headers.items() if k.lower() not in _REQUEST_SKIP and not k.lower().startswith(_OWN_HEADERS)]
         # A bare httpx.Request: the client's default headers (User-Agent, Accept-Encoding) would
@@ -443,8 +443,9 @@ class _Proxy:
         mostly unchanged between calls)."""
         tokenizer = get_tokenizer(encoding)
         messages = list(result.messages)
-        system = [m for m in messages[: next((i for (i, m) in enumerate(messages) if m.get("role") not in ("system", "developer")), len(messages))]]
-        current = messages[-1:] if len(messages) > len(system) and messages[-1].get("role") == "user" else []
+        lead = next((i for (i, m) in enumerate(messages) if m.get("role") not in ("system", "developer")), len(messages))
+        system = messages[:lead]
+        current = messages[-1:] if len(messages) > lead and messages[-1].get("role") == "user" else []
 
         def cached(kind: str, value: Any, count: Callable[[], int]) -> int:
             key = json.dumps(value, ensure_ascii=False, sort_keys=True)
@@ -535,7 +536,9 @@ class _Proxy:
             if not state.warned:
                 state.warned = True
                 log.warning("session %s: forwarded without rendering: %s", session_id, exchange.unmanaged)
-            return await self.forward(request, raw, fmt, headers=[(UNMANAGED_HEADER, exchange.unmanaged)])
+            # The reason can quote a client's item type: ASCII only in a header.
+            reason = exchange.unmanaged.encode("ascii", "replace").decode()
+            return await self.forward(request, raw, fmt, headers=[(UNMANAGED_HEADER, reason)])
         encoding = model_encoding(exchange.model)
         async with state.lock:
             state.turn += 1
