@@ -66,10 +66,27 @@ class Origin:
 # ---------------------------------------------------------------- in: Messages -> normal form
 
 
+# A call's input as JSON, by call id: every request repeats the conversation's calls, and this
+# was a quarter of the conversion's time. The input is compared before its JSON is reused.
+_ARGUMENTS: dict[str, tuple[Any, str]] = {}
+_ARGUMENTS_KEPT = 100_000
+
+
+def _arguments(call_id: str, value: Any) -> str:
+    known = _ARGUMENTS.get(call_id)
+    if known is not None and known[0] == value:
+        return known[1]
+    text = arguments(value)
+    _ARGUMENTS[call_id] = (value, text)
+    if len(_ARGUMENTS) > _ARGUMENTS_KEPT:
+        del _ARGUMENTS[next(iter(_ARGUMENTS))]  # the oldest
+    return text
+
+
 def _assistant(blocks: list[dict]) -> dict:
     """An assistant turn's blocks as one normal-form assistant message."""
     calls = [
-        {"id": b["id"], "type": "function", "function": {"name": b["name"], "arguments": arguments(b.get("input", {}))}}
+        {"id": b["id"], "type": "function", "function": {"name": b["name"], "arguments": _arguments(b["id"], b.get("input", {}))}}
         for b in blocks if b.get("type") == "tool_use"
     ]
     parts = [_bare(b) for b in blocks if b.get("type") != "tool_use"]
