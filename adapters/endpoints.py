@@ -31,7 +31,7 @@ class Endpoint:
 ENDPOINTS: dict[str, Endpoint] = {
     e.walker: e
     for e in (
-        Endpoint("ingest_events", "ingest", ("session_id", "messages", "append")),
+        Endpoint("ingest_events", "ingest", ("session_id", "messages", "append", "usage")),
         Endpoint("render_context", "render",
                  ("session_id", "messages", "budget", "selector", "params", "include_decisions"), "render"),
         Endpoint("render_variants", "render_variants", ("session_id", "variants", "include_decisions"), "renders"),
@@ -53,10 +53,12 @@ class EndpointMethods:
     def _call(self, walker: str, **fields: Any) -> Any:
         raise NotImplementedError
 
-    def ingest(self, session_id: str, messages: list[dict], *, append: bool = False) -> Any:
+    def ingest(self, session_id: str, messages: list[dict], *, append: bool = False, usage: dict | None = None) -> Any:
         """Add the unseen events of `messages` (the whole list so far, or only new ones with
-        `append=True`) to the session, creating it on first use. Reports an IngestSummary."""
-        return self._call("ingest_events", session_id=session_id, messages=messages, append=append)
+        `append=True`) to the session, creating it on first use. `usage`: one model call's
+        reported token counts (walkers.ingest USAGE_KEYS), added to the session's totals.
+        Reports an IngestSummary."""
+        return self._call("ingest_events", session_id=session_id, messages=messages, append=append, usage=usage or {})
 
     def render(self, session_id: str, messages: list[dict] | None = None, *, budget: int, selector: str = "",
                explain: bool = False, **params: Any) -> Any:

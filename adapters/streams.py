@@ -38,6 +38,8 @@ class StreamAnswer:
         self._texts: dict[str, list[str]] = {}
         self._calls: dict[int, dict] = {}
         self.choices: set[int] = set()
+        # The last chunk's `usage` (sent with `stream_options.include_usage`), as reported.
+        self.reported_usage: Any = None
         self.done = False
         self.broken = False
 
@@ -56,6 +58,8 @@ class StreamAnswer:
                 chunk = json.loads(payload)
                 for choice in chunk.get("choices") or []:
                     self._choice(choice)
+                if chunk.get("usage"):
+                    self.reported_usage = chunk["usage"]
             except (ValueError, AttributeError, TypeError):
                 self.broken = True
 
