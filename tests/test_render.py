@@ -32,7 +32,7 @@ def assert_sound(result, budget: int) -> None:
 
 # The paper's selection exactly: from scratch at every call, prose folded only when it alone
 # exceeds B (the stable policy and the prose share are tested in tests/test_stability.py).
-PAPER = {"policy": "per-call", "prose_share": 1.0}
+PAPER = {"policy": "per-call", "prose_share": 1.0, "condense": False}
 
 
 def filler(word: str, n: int) -> str:
