@@ -52,6 +52,7 @@ from starlette.concurrency import run_in_threadpool
 
 from contextrender_adapters import anthropic, core, responses
 from contextrender_adapters.core import InvalidRequest, UnknownSession, content_text, get_tokenizer
+from contextrender_adapters.formats import openai_usage
 from contextrender_adapters.streams import Decoder, StreamAnswer, body_answer
 
 __all__ = ["Backend", "create_app", "derive_session", "register", "SESSION_HEADER", "STATUS_HEADER"]
