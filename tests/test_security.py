@@ -276,7 +276,7 @@ def test_a_client_that_stalls_mid_body_gets_408_and_is_closed(jac_server, alice,
         while chunk := sock.recv(65536):  # ends when the server closes the connection
             answer += chunk
     assert answer.startswith(b"HTTP/1.1 408"), answer[:200]
-    assert time.monotonic() - started < 30  # CONTEXTRENDER_BODY_TIMEOUT=3 in conftest
+    assert time.monotonic() - started < 60  # CONTEXTRENDER_BODY_TIMEOUT=10 in conftest
     assert snapshot(alice, bob) == before
 
 
