@@ -34,6 +34,8 @@ _EXPORTS = {
     "ContextRenderError": "core",
     "InvalidRequest": "core",
     "UnknownSession": "core",
+    "UnknownResult": "core",
+    "Restoration": "core",
     "HistoryConflict": "core",
 }
 

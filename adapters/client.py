@@ -21,7 +21,7 @@ from typing import Any
 
 import httpx
 
-from contextrender_adapters.core import ContextRenderError, HistoryConflict, InvalidRequest, UnknownSession
+from contextrender_adapters.core import ContextRenderError, HistoryConflict, InvalidRequest, UnknownResult, UnknownSession
 from contextrender_adapters.endpoints import ENDPOINTS, EndpointMethods
 
 DEFAULT_URL = "http://127.0.0.1:8000"
@@ -32,6 +32,7 @@ ERRORS_BY_CODE = {
     "UNKNOWN_FIELD": InvalidRequest,
     "BODY_TOO_LARGE": InvalidRequest,
     "UNKNOWN_SESSION": UnknownSession,
+    "UNKNOWN_RESULT": UnknownResult,
     "HISTORY_CONFLICT": HistoryConflict,
 }
 

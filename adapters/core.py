@@ -18,13 +18,14 @@ _FROM: dict[str, tuple[str, ...]] = {
     "walkers.ingest": ("ingest_events", "IngestSummary"),
     "walkers.render": ("render_context", "render_variants", "explain_render", "configure_session"),
     "walkers.sessions": ("get_session", "list_sessions", "delete_session", "export_graph", "health"),
+    "walkers.restore": ("restore_result", "Restoration"),
     "engine.config": ("RenderConfig", "MIN_BUDGET"),
     "engine.plan": ("RenderResult", "ResultDecision"),
     # The selector registry (each selector says what it embeds: `embeds_results`, `embeds_query()`)
     # and the settings check against it.
     "engine.selectors": ("SELECTORS", "render_settings"),
     "engine.score": ("latest_exchange_text",),
-    "engine.errors": ("ContextRenderError", "InvalidRequest", "UnknownSession", "HistoryConflict"),
+    "engine.errors": ("ContextRenderError", "InvalidRequest", "UnknownSession", "UnknownResult", "HistoryConflict"),
     "engine.measure": ("content_text", "get_tokenizer", "EMBED_CLIP", "DEFAULT_ENCODING"),
     "engine.values": ("recall_tokens",),
     # The request rules the server also applies to every JSON body (adapters/server.py).

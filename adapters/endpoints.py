@@ -36,6 +36,7 @@ ENDPOINTS: dict[str, Endpoint] = {
                  ("session_id", "messages", "budget", "selector", "params", "include_decisions"), "render"),
         Endpoint("render_variants", "render_variants", ("session_id", "variants", "include_decisions"), "renders"),
         Endpoint("explain_render", "explain", ("session_id",), "render"),
+        Endpoint("restore_result", "restore", ("session_id", "handle")),
         Endpoint("configure_session", "configure", ("session_id", "params")),
         Endpoint("get_session", "get_session", ("session_id", "include_messages")),
         Endpoint("list_sessions", "list_sessions", ()),
@@ -75,6 +76,13 @@ class EndpointMethods:
     def explain(self, session_id: str) -> Any:
         """The last render of a session with its per-result decisions."""
         return self._call("explain_render", session_id=session_id)
+
+    def restore(self, session_id: str, handle: str) -> Any:
+        """The complete stored result a stub's handle names (`r17`), recorded as a restore from the
+        session's latest event: it counts as observed use at later renders. Reports a Restoration
+        (the tool `message` as stored, its `handle`, `call_id`, `restores`...); a malformed handle
+        is an InvalidRequest, one not on the live history an UnknownResult."""
+        return self._call("restore_result", session_id=session_id, handle=handle)
 
     def configure(self, session_id: str, **params: Any) -> Any:
         """Set a session's render settings (kept in the graph); reports the RenderConfig."""
