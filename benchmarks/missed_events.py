@@ -73,7 +73,7 @@ def main() -> None:
                 for event in events[j]:
                     hits[i] += event.call_id in visible
                     if i == 0 and event.call_id not in visible:
-                        d = next(d for d in result.decisions if d.handle == event.call_id)
+                        d = next(d for d in result.decisions if d.call_id == event.call_id)
                         size = ">B" if d.tokens > args.budget else ">B/4" if d.tokens > args.budget / 4 else "<=B/4"
                         missed[(size, age_bin(event.age), "reused before" if d.reuse_count > 0 else "no reuse yet")] += 1
                 if not result.selected:

@@ -33,7 +33,7 @@ def _digest(value: object) -> str:
 
 
 def _decision(d: object) -> list:
-    fields = ("handle", "position", "age", "tokens", "cost", "reuse_count", "recency", "reuse", "relevance",
+    fields = ("call_id", "position", "age", "tokens", "cost", "reuse_count", "recency", "reuse", "relevance",
               "usefulness", "score", "pick", "status", "reason")
     return [round(v, 9) if isinstance(v, float) else v for v in (getattr(d, f) for f in fields)]
 

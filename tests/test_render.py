@@ -69,9 +69,9 @@ def test_feasibility_is_checked_on_the_assembled_history(engine):
     budget = 600
     result = engine.render("s", messages, budget=budget, omitted="drop", explain=True)
     assert_sound(result, budget)
-    by_handle = {d.handle: d for d in result.decisions}
-    assert by_handle["c1"].status == "omitted"
-    assert by_handle["c1"].cost > TOK.message_tokens(messages[2])  # charged with its call
+    by_call = {d.call_id: d for d in result.decisions}
+    assert by_call["c1"].status == "omitted"
+    assert by_call["c1"].cost > TOK.message_tokens(messages[2])  # charged with its call
     assert all(m.get("tool_call_id") != "c1" for m in result.messages)
 
 
@@ -87,9 +87,9 @@ def test_exact_ties_favour_the_older_result(engine):
     one = TOK.message_tokens(messages[2])
     budget = TOK.message_tokens(messages[0]) + TOK.message_tokens(messages[1]) + one + 40
     result = engine.render("s", messages, budget=budget, omitted="drop", explain=True)
-    by_handle = {d.handle: d for d in result.decisions}
-    assert by_handle["a"].usefulness == by_handle["b"].usefulness
-    assert by_handle["a"].status == "kept" and by_handle["b"].status == "omitted"
+    by_call = {d.call_id: d for d in result.decisions}
+    assert by_call["a"].usefulness == by_call["b"].usefulness
+    assert by_call["a"].status == "kept" and by_call["b"].status == "omitted"
     assert_sound(result, budget)
 
 
@@ -104,7 +104,7 @@ def test_omitted_result_returns_when_its_reuse_rises(engine):
     ]
     budget = 330
     first = engine.render("s", messages, budget=budget, omitted="drop", explain=True)
-    status = {d.handle: d.status for d in first.decisions}
+    status = {d.call_id: d.status for d in first.decisions}
     assert status == {"c1": "omitted", "c2": "kept"}
     # Later operations reuse a value first introduced by the omitted result.
     messages += [
@@ -114,9 +114,9 @@ def test_omitted_result_returns_when_its_reuse_rises(engine):
         user("and?"),
     ]
     later = engine.render("s", messages, budget=budget, omitted="drop", explain=True)
-    status = {d.handle: d.status for d in later.decisions}
+    status = {d.call_id: d.status for d in later.decisions}
     assert status["c1"] == "kept" and status["c2"] == "omitted"
-    decision = next(d for d in later.decisions if d.handle == "c1")
+    decision = next(d for d in later.decisions if d.call_id == "c1")
     assert decision.reuse_count == pytest.approx(2.0)
     assert_sound(later, budget)
 
@@ -185,7 +185,13 @@ def test_oversized_result_is_compacted_and_original_kept(engine):
     decision = result.decisions[0]
     assert decision.status == "compacted"
     shown = next(m for m in result.messages if m.get("tool_call_id") == "c1")
-    assert shown["content"].startswith("HEAD_MARK") and shown["content"].endswith("TAIL_MARK")
+    # A first line names the handle that takes the complete result back, then the cut text.
+    (note, text) = shown["content"].split("\n", 1)
+    assert note.startswith("[ContextRender: compacted from") and 'handle "r1"' in note
+    assert text.startswith("HEAD_MARK") and text.endswith("TAIL_MARK")
+    # The note is inside the compacted text's share of B (oversize_target 0.25; +1 for a token
+    # the join may make), message overhead apart.
+    assert decision.tokens > budget and TOK.text_tokens({"content": shown["content"]}) <= budget * 0.25 + 4 + 1
     assert_sound(result, budget)
     # The original is still stored whole: a large budget shows it unchanged.
     assert engine.render("s", messages, budget=100_000).messages[2]["content"] == big

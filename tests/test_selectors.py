@@ -74,7 +74,7 @@ def test_full_passes_everything_through_even_above_the_budget(engine):
 
 
 def kept(result) -> set[str]:
-    return {d.handle for d in result.decisions if d.status == "kept"}
+    return {d.call_id for d in result.decisions if d.status == "kept"}
 
 
 def test_prune_keeps_the_newest_results_that_fit_and_skips_one_that_does_not(engine):
@@ -88,7 +88,7 @@ def test_prune_keeps_the_newest_results_that_fit_and_skips_one_that_does_not(eng
     budget = TOK.message_tokens(messages[0]) + pair[4] + pair[2] + pair[1] + 2
     result = engine.render("s", messages, budget=budget, selector="prune", omitted="drop", explain=True)
     assert kept(result) == {"c4", "c2", "c1"}
-    picks = sorted((d.pick, d.handle) for d in result.decisions if d.pick >= 0)
+    picks = sorted((d.pick, d.call_id) for d in result.decisions if d.pick >= 0)
     assert [h for _, h in picks] == ["c4", "c2", "c1"]  # newest first; c3 skipped, not a stop
 
 
@@ -106,7 +106,7 @@ def test_semantic_takes_recent_turns_first_then_the_closest_older_result(engine)
     # The whole recent quota (recent_share=1) so that all three recent results come first.
     result = engine.render("s", messages, budget=budget, selector="semantic", omitted="drop", recent_share=1.0, explain=True)
     assert kept(result) == {"r0", "r1", "r2", "old_fruit"}
-    picks = [h for _, h in sorted((d.pick, d.handle) for d in result.decisions if d.pick >= 0)]
+    picks = [h for _, h in sorted((d.pick, d.call_id) for d in result.decisions if d.pick >= 0)]
     assert picks == ["r2", "r1", "r0", "old_fruit"]
 
 
@@ -196,7 +196,7 @@ def test_recency_summary_keeps_recent_results_and_merges_its_earlier_summary(eng
     budget = 2000
     result = engine.render("s", messages, budget=budget, selector="recency-summary", explain=True)
     assert result.summary_calls == 1 and result.history_tokens <= budget
-    shown = {d.handle for d in result.decisions if d.status == "kept"}
+    shown = {d.call_id for d in result.decisions if d.status == "kept"}
     assert "c9" in shown and "c0" not in shown  # recent kept, older summarised
     assert all("summarised" in d.reason for d in result.decisions if d.status == "omitted")
     assert engine.render("s", messages, budget=budget, selector="recency-summary").summary_calls == 0
@@ -213,7 +213,7 @@ def test_explain_says_which_results_compact_summarised(engine):
     # Turns after the summary are shown verbatim, and explain says so.
     grown = session() + [assistant("step 10", call("c10", "read", {})), tool("c10", "short"), user("more")]
     later = engine.render("s", grown, budget=700, selector="compact", summariser="offline", explain=True)
-    after = [d for d in later.decisions if d.handle == "c10"]
+    after = [d for d in later.decisions if d.call_id == "c10"]
     assert [d.status for d in after] == ["kept"] and "shown verbatim" in after[0].reason
 
 

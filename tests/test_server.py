@@ -58,7 +58,7 @@ def test_render_fits_the_budget_and_keeps_pairing(alice):
     assert get_tokenizer().history_tokens(history) == rendered.history_tokens <= 600
     assert pairing_problems(rendered.messages) == []
     # The reused result (ITEM_0003) is kept; decisions explain every result.
-    kept = {d["handle"] for d in rendered.decisions if d["status"] == "kept"}
+    kept = {d["call_id"] for d in rendered.decisions if d["status"] == "kept"}
     assert "call_3" in kept and len(rendered.decisions) == 13
     assert alice.explain("r1").summary()["history_tokens"] == rendered.history_tokens
 
@@ -85,7 +85,7 @@ def test_session_endpoints(alice):
     reuses = [e for e in graph["edges"] if e["kind"] == "Reuses"]
     assert reuses and all(e["values"] for e in reuses)
     dot = alice.export_graph("s-endpoints", format="dot")["dot"]
-    assert dot.startswith("digraph") and "reuses ITEM_0003_SKU" in dot and "result of lookup" in dot
+    assert dot.startswith("digraph") and "reuses ITEM_0003_SKU" in dot and "result r1 of lookup" in dot
     deleted = alice.delete_session("s-endpoints")
     assert deleted["deleted"] and deleted["nodes"] == len(graph["nodes"])
     with pytest.raises(UnknownSession):
