@@ -27,6 +27,8 @@ _FROM: dict[str, tuple[str, ...]] = {
     "engine.score": ("latest_exchange_text",),
     "engine.errors": ("ContextRenderError", "InvalidRequest", "UnknownSession", "UnknownResult", "HistoryConflict"),
     "engine.measure": ("content_text", "get_tokenizer", "EMBED_CLIP", "DEFAULT_ENCODING"),
+    # The restore tool the proxy offers, as its stubs name it.
+    "engine.notices": ("RESTORE_TOOL", "restore_tool"),
     "engine.values": ("recall_tokens",),
     # The request rules the server also applies to every JSON body (adapters/server.py).
     "engine.validate": ("MAX_DEPTH", "check_message"),

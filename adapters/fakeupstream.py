@@ -205,7 +205,10 @@ class FakeUpstream:
             return await self._conversation(
                 request, lambda payload: "",
                 lambda message, status: {"error": {"message": message, "type": "fake_error", "code": status}},
-                self._completion, lambda number, script, answer: self._chunks(number, answer["model"], script),
+                self._completion,
+                lambda number, script, answer, payload: self._chunks(
+                    number, answer["model"], script, bool((payload.get("stream_options") or {}).get("include_usage"))
+                ),
             )
 
         @app.post("/v1/messages")
@@ -213,7 +216,7 @@ class FakeUpstream:
             return await self._conversation(
                 request, _messages_problem,
                 lambda message, status: {"type": "error", "error": {"type": "invalid_request_error" if status == 400 else "api_error", "message": message}},
-                self._message, lambda number, script, answer: self._message_events(answer),
+                self._message, lambda number, script, answer, payload: self._message_events(answer),
             )
 
         @app.post("/v1/responses")
@@ -221,7 +224,7 @@ class FakeUpstream:
             return await self._conversation(
                 request, _responses_problem,
                 lambda message, status: {"error": {"message": message, "type": "invalid_request_error", "param": None, "code": None}},
-                self._response, lambda number, script, answer: self._response_events(answer),
+                self._response, lambda number, script, answer, payload: self._response_events(answer),
             )
 
         @app.get("/_fake/last")
@@ -252,7 +255,7 @@ class FakeUpstream:
             return JSONResponse(error_of(problem or "scripted failure", script.status), status_code=script.status)
         answer = answer_of(number, script, payload, len(body))
         if payload.get("stream"):
-            return self._stream(record, start, events_of(number, script, answer), number)
+            return self._stream(record, start, events_of(number, script, answer, payload), number)
         record.sent = json.dumps(answer).encode()
         record.handling_s = time.perf_counter() - start
         return Response(record.sent, media_type="application/json", headers={"x-fake-upstream": str(number)})
@@ -359,7 +362,7 @@ class FakeUpstream:
         events.append(_sse("response.completed", {"type": "response.completed", "sequence_number": next(sequence), "response": response}))
         return events
 
-    def _chunks(self, number: int, model: str, script: _Script) -> list[bytes]:
+    def _chunks(self, number: int, model: str, script: _Script, usage: bool = False) -> list[bytes]:
         def frame(delta: dict, finish: str | None = None) -> bytes:
             chunk = {
                 "id": f"chatcmpl-fake-{number}", "object": "chat.completion.chunk", "created": 0, "model": model,
@@ -381,6 +384,10 @@ class FakeUpstream:
             for i in range(0, len(arguments), self._chunk_chars):
                 frames.append(frame({"tool_calls": [{"index": index, "function": {"arguments": arguments[i : i + self._chunk_chars]}}]}))
         frames.append(frame({}, "tool_calls" if script.tool_calls else "stop"))
+        if usage:  # stream_options.include_usage: one more chunk, no choices
+            chunk = {"id": f"chatcmpl-fake-{number}", "object": "chat.completion.chunk", "created": 0, "model": model,
+                     "choices": [], "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}
+            frames.append(f"data: {json.dumps(chunk)}\n\n".encode())
         frames.append(b"data: [DONE]\n\n")
         return frames
 

@@ -21,6 +21,11 @@ message normal form (OpenAI chat-completions messages) and the rendered history 
    when the upstream streams) with the render's summary in `X-ContextRender-*` headers;
 4. ingests the answer into the session once it is complete, with the usage the upstream reported.
 
+For chat completions, when the render omitted or compacted a result, the forwarded request also
+offers the tool `contextrender_restore`: the proxy answers the model's restore calls itself from
+the store and asks the upstream again, up to `restore_rounds` times, so the agent gets one
+ordinary answer (`restore_loop.py` says how an answer is read; README, "Restores").
+
 If the backend fails, the proxy logs it once per session and forwards the original request
 (fail-open), unless it was created with `fail_closed=True`: then it answers with the error (the
 engine's 4xx status, or 502). Every chat-completions answer says which happened in the header
@@ -50,7 +55,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.background import BackgroundTask
 from starlette.concurrency import run_in_threadpool
 
-from contextrender_adapters import anthropic, core, responses
+from contextrender_adapters import anthropic, core, responses, restore_loop
 from contextrender_adapters.core import InvalidRequest, UnknownSession, content_text, get_tokenizer
 from contextrender_adapters.formats import openai_usage
 from contextrender_adapters.streams import Decoder, StreamAnswer, body_answer
@@ -73,6 +78,11 @@ _DIGITS = re.compile(r"\d+")
 # Engine errors that are the request's fault (malformed messages, a rewrite refused, too large).
 _REQUEST_FAULTS = {400, 409, 413, 422}
 DEFAULT_SELECTOR = "contextrender"
+# Restore rounds one agent request may take (each is one more upstream call).
+DEFAULT_RESTORE_ROUNDS = 3
+# Response headers: the restore rounds taken before the response started, and their usage.
+RESTORE_ROUNDS_HEADER = "x-contextrender-restore-rounds"
+RESTORE_USAGE_HEADER = "x-contextrender-restore-usage"
 # Sessions whose stored answers the proxy remembers (oldest forgotten first).
 MAX_SESSIONS = 10_000
 # Hop-by-hop headers (RFC 9110 7.6.1) and the ones the HTTP layer recomputes.
@@ -93,6 +103,8 @@ class Backend(Protocol):
     def get_session(self, session_id: str) -> dict: ...
 
     def configure(self, session_id: str, **params: Any) -> Any: ...
+
+    def restore(self, session_id: str, handle: str) -> Any: ...
 
 
 class Exchange(Protocol):
@@ -270,6 +282,47 @@ def _raw(headers: list[tuple[str, str]]) -> list[tuple[bytes, bytes]]:
     return [(k.encode("latin-1"), v.encode("latin-1")) for (k, v) in headers]
 
 
+def _stream_error(message: str) -> bytes:
+    """An error event inside a stream that has started (its status is sent): SDKs raise it."""
+    return b"data: " + json.dumps({"error": {"message": f"ContextRender proxy: {message}", "type": "upstream_error"}}).encode() + b"\n\n"
+
+
+def _field(report: Any, name: str) -> Any:
+    """A field of an engine report: an object in-process, a dict from the server's client."""
+    return report[name] if isinstance(report, dict) else getattr(report, name)
+
+
+class _Rounds:
+    """The restore rounds of one agent request: the messages they add upstream, their usage as the
+    upstream reported it (for the headers), and every call's usage as the session records it, with
+    the proxy's estimate of the inputs of the calls after the first."""
+
+    def __init__(self, estimate: int, encoding: str) -> None:
+        self.count = 0
+        self.messages: list[dict] = []
+        self.usage: dict[str, int] = {}
+        self.reported: dict[str, int] = {}
+        self.estimate = estimate
+        self.extra_estimate = 0
+        self.encoding = encoding
+
+    def called(self) -> None:
+        """One more upstream call: after the first, its input is the first's plus the rounds."""
+        if self.messages:
+            self.extra_estimate += self.estimate + get_tokenizer(self.encoding).history_tokens(self.messages)
+
+    def answered(self, usage: dict) -> None:
+        """A call's usage as the session records it (summed over the request's calls)."""
+        for (key, value) in usage.items():
+            self.reported[key] = self.reported.get(key, 0) + value
+
+    def headers(self) -> list[tuple[str, str]]:
+        out = [(RESTORE_ROUNDS_HEADER, str(self.count))]
+        if self.usage:
+            out.append((RESTORE_USAGE_HEADER, json.dumps(self.usage, separators=(",", ":"))))
+        return out
+
+
 def model_encoding(model: str) -> str:
     """The token encoding for a model family: Claude models get the `claude` estimate (o200k
     scaled, see engine.measure.SCALED_ENCODINGS), GPT-4 and GPT-3.5 cl100k, others o200k."""
@@ -346,8 +399,10 @@ class _Proxy:
     def __init__(
         self, backend: Backend, upstream: str, budget: int, selector: str, fail_closed: bool,
         client: httpx.AsyncClient | None = None, upstream_timeout: float = DEFAULT_UPSTREAM_TIMEOUT,
+        restore_rounds: int = DEFAULT_RESTORE_ROUNDS,
     ) -> None:
         self.backend = backend
+        self.restore_rounds = restore_rounds
         self.upstream = upstream.rstrip("/")
         self.budget = budget
         self.selector = selector or DEFAULT_SELECTOR
@@ -456,6 +511,175 @@ class _Proxy:
         streaming.raw_headers = _raw(out_headers)
         return streaming
 
+    # -- restores (chat completions)
+
+    async def forward_restoring(
+        self, request: Request, body: dict, session_id: str, on_answer: Callable[..., BackgroundTask | None],
+        headers: Sequence[tuple[str, str]], rounds: _Rounds,
+    ) -> Response:
+        """Forward a chat-completions request with the restore tool offered, answer the restore
+        rounds the model asks for, and return the one answer that is the agent's (README,
+        "Restores"). Until the response starts, a client that leaves cancels the upstream call."""
+        # The proxy reads every answer (and may withhold frames): it asks for it uncompressed.
+        sent = [(k, v) for (k, v) in request.headers.items()
+                if k.lower() not in _REQUEST_SKIP and not k.lower().startswith(_OWN_HEADERS) and k.lower() != "accept-encoding"]
+        sent.append(("accept-encoding", "identity"))
+        url = self.url(request.url.path, request.url.query)
+        gone = asyncio.ensure_future(_client_gone(request))
+        try:
+            if body.get("stream"):
+                return await self._restoring_stream(url, sent, body, session_id, on_answer, list(headers), rounds, gone)
+            return await self._restoring(url, sent, body, session_id, on_answer, list(headers), rounds, gone)
+        except _ClientGone:
+            log.info("client left during a restore round of session %s; upstream call cancelled", session_id)
+            return Response(status_code=499)
+        finally:
+            gone.cancel()
+
+    async def _restoring(
+        self, url: str, sent: list, body: dict, session_id: str, on_answer: Callable[..., BackgroundTask | None],
+        headers: list, rounds: _Rounds, gone: asyncio.Future,
+    ) -> Response:
+        while True:
+            offered = rounds.count < self.restore_rounds
+            try:
+                response = await _unless_gone(gone, self.client.send(self._round_request(url, sent, body, offered, rounds)))
+            except httpx.TimeoutException as exc:
+                return self.timed_out(exc, _CHAT)
+            except httpx.HTTPError as exc:
+                return self._unreachable(exc, rounds, headers)
+            raw = response.content  # decoded: the agent gets it without content-encoding
+            out_headers = [(k, v) for (k, v) in response.headers.multi_items()
+                           if k.lower() not in _RESPONSE_SKIP and k.lower() != "content-encoding"]
+            (message, usage) = _CHAT.answer(raw) if response.status_code == 200 else (None, {})
+            rounds.answered(usage)
+            calls = restore_loop.split_answer(message) if message else None
+            if calls is not None and offered and calls.restore_first:
+                await self._answer_round(session_id, calls, rounds)
+                with contextlib.suppress(ValueError, AttributeError):
+                    restore_loop.add_usage(rounds.usage, json.loads(raw).get("usage"))
+                continue
+            if calls is not None and calls.restore_calls:
+                raw = restore_loop.strip_restore_calls(raw) or raw
+                message = _CHAT.answer(raw)[0]
+            task = on_answer(message, rounds.reported, rounds.extra_estimate) if response.status_code == 200 else None
+            plain = Response(raw, status_code=response.status_code, background=task)
+            plain.raw_headers = _raw(out_headers + headers + rounds.headers()) + [(b"content-length", str(len(raw)).encode())]
+            return plain
+
+    def _round_request(self, url: str, sent: list, body: dict, offered: bool, rounds: _Rounds) -> httpx.Request:
+        rounds.called()
+        payload = restore_loop.with_tool(body, offered)
+        payload["messages"] = list(body["messages"]) + rounds.messages
+        return httpx.Request("POST", url, headers=sent, content=json.dumps(payload, ensure_ascii=False).encode())
+
+    def _unreachable(self, exc: Exception, rounds: _Rounds, headers: list) -> Response:
+        log.warning("upstream %s unreachable: %s", self.upstream, exc)
+        failed = _CHAT.error(502, f"ContextRender proxy: upstream {self.upstream} failed: {exc}", "upstream_error")
+        return JSONResponse(failed, status_code=502, headers=dict(headers + rounds.headers()))
+
+    async def _answer_round(self, session_id: str, calls: restore_loop.AnswerCalls, rounds: _Rounds) -> None:
+        """Answer each restore call from the store (a tool error when it cannot be: the model goes
+        on without it) and add the round to the next upstream request."""
+        contents: list[Any] = []
+        state = self.session(session_id)
+        async with state.lock:  # a restore writes its edge: one writer per session
+            for call in calls.restore_calls:
+                handle = ""
+                try:
+                    handle = restore_loop.handle_of(call)
+                    restored = await run_in_threadpool(self.backend.restore, session_id, handle)
+                    contents.append(_field(restored, "message").get("content"))
+                except Exception as exc:  # noqa: BLE001 - the model gets the error as the tool's answer
+                    log.info("session %s: restore of %r refused: %s", session_id, handle, exc)
+                    contents.append(restore_loop.tool_error(handle, str(exc)))
+        rounds.messages.extend(restore_loop.round_messages(calls, contents))
+        rounds.count += 1
+
+    async def _restoring_stream(
+        self, url: str, sent: list, body: dict, session_id: str, on_answer: Callable[..., BackgroundTask | None],
+        headers: list, rounds: _Rounds, gone: asyncio.Future,
+    ) -> Response:
+        seen = _CHAT.reader()  # what the agent received, rebuilt: the answer the session stores
+        tasks: list[BackgroundTask] = []
+
+        async def run() -> AsyncIterator[Any]:
+            # Yields the response's start (status, headers) once, right before its first bytes.
+            started = False
+            while True:
+                offered = rounds.count < self.restore_rounds
+                try:
+                    response = await self.client.send(self._round_request(url, sent, body, offered, rounds), stream=True)
+                except httpx.HTTPError as exc:
+                    if not started:
+                        yield self.timed_out(exc, _CHAT) if isinstance(exc, httpx.TimeoutException) else self._unreachable(exc, rounds, headers)
+                    else:
+                        yield _stream_error(f"upstream {self.upstream} failed during a restore round: {exc}")
+                    return
+                out_headers = [(k, v) for (k, v) in response.headers.multi_items()
+                               if k.lower() not in _RESPONSE_SKIP and k.lower() != "content-encoding"]
+                reader = restore_loop.StreamRound(may_restore=offered)
+                try:
+                    if response.status_code != 200:
+                        failed = await response.aread()
+                        if not started:
+                            yield (response.status_code, out_headers)
+                            yield failed
+                        else:
+                            yield _stream_error(f"upstream answered {response.status_code} during a restore round: "
+                                                f"{failed[:500].decode('utf-8', 'replace')}")
+                        return
+                    async for chunk in response.aiter_bytes():
+                        for frame in reader.feed(chunk):
+                            if not started:
+                                started = True
+                                yield (200, out_headers)
+                            seen.feed(frame)
+                            yield frame
+                    for frame in reader.close():
+                        if not started:
+                            started = True
+                            yield (200, out_headers)
+                        seen.feed(frame)
+                        yield frame
+                except httpx.HTTPError as exc:  # the upstream's answer ended early, or it fell silent
+                    log.warning("upstream %s answer ended early: %s", self.upstream, exc)
+                    if not started:
+                        yield self.timed_out(exc, _CHAT) if isinstance(exc, httpx.TimeoutException) else _error(
+                            _CHAT, 502, f"ContextRender proxy: upstream {self.upstream} closed its answer before the end: {exc}", "upstream_error")
+                    else:
+                        yield _stream_error(f"upstream {self.upstream} answer ended early: {exc}")
+                    return
+                finally:
+                    await response.aclose()
+                rounds.answered(_chat_usage(reader.usage))
+                if reader.restore_round:
+                    await self._answer_round(session_id, reader.answer(), rounds)
+                    restore_loop.add_usage(rounds.usage, reader.usage)
+                    continue
+                if not started:
+                    yield (200, out_headers)
+                seen.feed(b"\n\n")
+                if seen.done:
+                    task = on_answer(seen.answer(), rounds.reported, rounds.extra_estimate)
+                    if task:
+                        tasks.append(task)
+                return
+
+        stream = run()
+        start = await _unless_gone(gone, stream.__anext__())
+        if isinstance(start, Response):
+            return start
+        (status, out_headers) = start
+
+        async def after() -> None:
+            for task in tasks:
+                await task()
+
+        streaming = StreamingResponse(stream, status_code=status, background=BackgroundTask(after))
+        streaming.raw_headers = _raw(out_headers + headers + rounds.headers())
+        return streaming
+
     def timed_out(self, exc: Exception, fmt: Any) -> Response:
         log.warning("upstream %s timed out: %s", self.upstream, type(exc).__name__)
         return _error(fmt, 504, f"ContextRender proxy: upstream {self.upstream} sent nothing for {self.upstream_timeout:g} s (--upstream-timeout)", "upstream_timeout")
@@ -533,15 +757,17 @@ class _Proxy:
             total += cached("tools", tools, lambda: tokenizer.count(json.dumps(tools, ensure_ascii=False)))
         return total
 
-    def answered(self, session_id: str, turn: int, position: int, estimate: int) -> Callable[[dict | None, dict], BackgroundTask | None]:
-        def record(message: dict | None, usage: dict) -> BackgroundTask | None:
+    def answered(self, session_id: str, turn: int, position: int, estimate: int) -> Callable[..., BackgroundTask | None]:
+        # `extra_estimate`: the estimated input of the request's restore rounds, whose usage the
+        # report includes.
+        def record(message: dict | None, usage: dict, extra_estimate: int = 0) -> BackgroundTask | None:
             state = self.session(session_id)
             if state.turn != turn:
                 message = None  # a later request of the session has been rendered meanwhile
             if message is not None:
                 state.answers[position] = message
             if usage:
-                usage = usage | {"estimated_input_tokens": estimate}
+                usage = usage | {"estimated_input_tokens": estimate + extra_estimate}
             if message is None and not usage:
                 return None
             return BackgroundTask(self.ingest_answer, session_id, turn, message, usage)
@@ -609,6 +835,14 @@ class _Proxy:
         if failure is not None:
             return await self.engine_failed(request, raw, session_id, failure, fmt)
         state = self.session(session_id)
+        if fmt is _CHAT and self.restore_rounds and restore_loop.declares_restore(body):
+            # Refused before anything is stored: the proxy would answer the agent's own tool.
+            return JSONResponse({"error": {
+                "message": f"ContextRender proxy: this request declares a tool named {restore_loop.RESTORE_TOOL!r}, the name "
+                           "the proxy reserves for the model to take back omitted tool results. Rename your tool, or start "
+                           "the proxy with --restore-rounds 0 if your agent answers that tool itself.",
+                "type": "invalid_request_error", "param": "tools", "code": "contextrender_reserved_tool_name",
+            }}, status_code=400)
         if exchange.unmanaged:
             if not state.warned:
                 state.warned = True
@@ -639,10 +873,12 @@ class _Proxy:
             out = json.dumps(out_body, ensure_ascii=False).encode()
         except RecursionError:
             return _error(fmt, 400, "ContextRender proxy: the JSON body is nested too deeply", "invalid_request_error")
-        return await self.forward(
-            request, out, fmt, on_answer=self.answered(session_id, turn, len(messages), estimate),
-            headers=[(STATUS_HEADER, "managed")] + _summary_headers(session_id, result),
-        )
+        on_answer = self.answered(session_id, turn, len(messages), estimate)
+        headers = [(STATUS_HEADER, "managed")] + _summary_headers(session_id, result)
+        if fmt is _CHAT and self.restore_rounds and restore_loop.offers_tool(out_body, _field(result, "omitted"), _field(result, "compacted")):
+            rounds = _Rounds(estimate, state.encoding or encoding)
+            return await self.forward_restoring(request, out_body, session_id, on_answer, headers, rounds)
+        return await self.forward(request, out, fmt, on_answer=on_answer, headers=headers)
 
     async def chat_completions(self, request: Request) -> Response:
         return await self.managed(request, _CHAT)
@@ -681,17 +917,21 @@ def create_app(
     selector: str = DEFAULT_SELECTOR,
     fail_closed: bool = False,
     upstream_timeout: float | None = None,
+    restore_rounds: int = DEFAULT_RESTORE_ROUNDS,
 ) -> FastAPI:
     """The proxy as an ASGI app (serve it with uvicorn). `backend` is an `Engine` or a `Client`.
     `upstream_timeout`: seconds of upstream silence before a 504 (default
-    $CONTEXTRENDER_UPSTREAM_TIMEOUT or 600)."""
+    $CONTEXTRENDER_UPSTREAM_TIMEOUT or 600). `restore_rounds`: restore rounds one chat-completions
+    request may take (0: the restore tool is never offered)."""
     if not isinstance(budget, int) or budget <= 0:
         raise ValueError(f"budget must be a positive number of tokens (got {budget!r})")
+    if not isinstance(restore_rounds, int) or restore_rounds < 0:
+        raise ValueError(f"restore_rounds must be an integer >= 0 (got {restore_rounds!r})")
     if upstream_timeout is None:
         upstream_timeout = float(os.environ.get("CONTEXTRENDER_UPSTREAM_TIMEOUT", DEFAULT_UPSTREAM_TIMEOUT))
     if not upstream_timeout > 0:
         raise ValueError(f"upstream_timeout must be a positive number of seconds (got {upstream_timeout!r})")
-    proxy = _Proxy(backend, upstream, budget, selector, fail_closed, upstream_timeout=upstream_timeout)
+    proxy = _Proxy(backend, upstream, budget, selector, fail_closed, upstream_timeout=upstream_timeout, restore_rounds=restore_rounds)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -750,9 +990,13 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit(f"contextrender proxy: unknown selector {args.selector!r}; known: {', '.join(SELECTORS)}")
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    app = create_app(_backend(args), args.upstream, args.budget, args.selector, args.fail_closed, args.upstream_timeout)
+    if args.restore_rounds < 0:
+        raise SystemExit(f"contextrender proxy: --restore-rounds must be >= 0 (got {args.restore_rounds})")
+    app = create_app(_backend(args), args.upstream, args.budget, args.selector, args.fail_closed, args.upstream_timeout,
+                     args.restore_rounds)
     where = f"server {args.server}" if args.server else f"store {os.path.abspath(args.store)}"
-    log.info("proxy on http://%s:%d -> %s (budget %d, selector %s, %s)", args.host, args.port, args.upstream, args.budget, args.selector, where)
+    log.info("proxy on http://%s:%d -> %s (budget %d, selector %s, restore rounds %d, %s)", args.host, args.port,
+             args.upstream, args.budget, args.selector, args.restore_rounds, where)
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
     return 0
 
@@ -775,4 +1019,7 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--fail-closed", action="store_true", help="answer engine failures with an error instead of forwarding the original request")
     parser.add_argument("--upstream-timeout", type=float, default=None,
                         help=f"seconds the upstream may send nothing before a 504 (default $CONTEXTRENDER_UPSTREAM_TIMEOUT or {DEFAULT_UPSTREAM_TIMEOUT:g})")
+    parser.add_argument("--restore-rounds", type=int, default=DEFAULT_RESTORE_ROUNDS,
+                        help=f"restore rounds per chat-completions request: the model may take back omitted results with the "
+                             f"tool contextrender_restore, answered by the proxy (default {DEFAULT_RESTORE_ROUNDS}; 0: never offered)")
     parser.set_defaults(func=run)

@@ -16,6 +16,7 @@ from contextrender_adapters.checks import pairing_problems
 from contextrender_adapters.fakeupstream import FakeUpstream, LoopbackServer, free_port
 from contextrender_adapters.proxy import BUDGET_HEADER, SELECTOR_HEADER, SESSION_HEADER, create_app, derive_session
 from engine.measure import get_tokenizer
+from engine.notices import restore_tool
 from tests.conftest import assistant, call, tool, user
 
 TOK = get_tokenizer()
@@ -85,8 +86,10 @@ def test_history_is_rendered_within_budget_and_everything_else_is_forwarded(engi
     assert rendered != messages
     # The rendered list is the engine's render of this session.
     assert rendered == engine.render("run-1", messages, budget=BUDGET).messages
-    # Every other field and header forwarded unchanged; the session header is the proxy's own.
-    assert {k: v for k, v in sent.items() if k != "messages"} == {k: v for k, v in body.items() if k != "messages"}
+    # Every other field and header forwarded unchanged (results were omitted, so the tools gain
+    # the restore tool: README, "Restores"); the session header is the proxy's own.
+    assert {k: v for k, v in sent.items() if k not in ("messages", "tools")} == {k: v for k, v in body.items() if k not in ("messages", "tools")}
+    assert sent["tools"] == TOOLS + [restore_tool()]
     assert list(sent) == list(body)
     assert got.headers["authorization"] == "Bearer sk-test-123"
     assert got.headers["x-custom"] == "kept"

@@ -26,18 +26,18 @@ TOK = get_tokenizer()
 # session(size=40): ten results of 168 tokens; at B = 700 contextrender keeps the three newest
 # but one (r8, r9, r10), and r7 is the first omitted (U 0.41 against r8's 0.55).
 BUDGET = 700
-STUB = re.compile(r'stored in full as (r\d+)\. To see it in full, call contextrender_restore with handle "(r\d+)"\.\]$')
+STUB = re.compile(r'^\[ContextRender: this \w+ result \(\d+ tokens\) is omitted to fit the history budget\. To see it in full, call contextrender_restore with handle "(r\d+)"\.\]$')
 
 
 def stubs(result) -> dict[str, str]:
     """Handle -> stub text, for every stub of a render; each names the handle of the result it
-    stands for, twice (where it is stored, and the call that takes it back)."""
+    stands for."""
     handles = {d.call_id: d.handle for d in result.decisions}
     out = {}
     for m in result.messages:
         if m["role"] == "tool" and m["content"].startswith("[ContextRender: this"):
             found = STUB.search(m["content"])
-            assert found and found.group(1) == found.group(2) == handles[m["tool_call_id"]]
+            assert found and found.group(1) == handles[m["tool_call_id"]]
             out[found.group(1)] = m["content"]
     return out
 

@@ -1,0 +1,348 @@
+"""The proxy's restore loop (adapters/restore_loop.py, proxy.py) over real HTTP on loopback: a
+scripted fake upstream asks for handles named in stubs, and the agent (the `openai` SDK) gets one
+ordinary answer, streamed or not."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import openai
+import pytest
+
+from contextrender_adapters.fakeupstream import LoopbackServer
+from contextrender_adapters.proxy import RESTORE_ROUNDS_HEADER, RESTORE_USAGE_HEADER, SESSION_HEADER, create_app
+from contextrender_adapters.restore_loop import RESTORE_TOOL, StreamRound
+from engine.notices import restore_tool
+from tests.conftest import assistant, call, tool, user
+from tests.test_proxy import TOOLS, conversation, proxy, wait_for_events  # noqa: F401 (fixture)
+
+RESTORE = restore_tool()
+# conversation(words=10): twelve results of 114 tokens; at B = 1,200 nothing is folded, r8-r12 are
+# kept and r1-r7 leave stubs (r7 the first omitted: U 0.33 against r8's 0.40).
+B = 1200
+
+
+def restore_call(call_id: str, handle: str) -> dict:
+    return call(call_id, RESTORE_TOOL, {"handle": handle})
+
+
+def result_text(messages: list[dict], call_id: str) -> str:
+    return next(m["content"] for m in messages if m.get("tool_call_id") == call_id)
+
+
+def sdk(server) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="sk-test", max_retries=0)
+
+
+def restored_edges(engine, session_id: str) -> int:
+    return [e["kind"] for e in engine.export_graph(session_id)["edges"]].count("Restored")
+
+
+def stub_handles(messages: list[dict]) -> dict[str, str]:
+    """Call id -> the handle its stub names, for every stub in a forwarded request."""
+    out = {}
+    for m in messages:
+        if m.get("role") == "tool" and m["content"].startswith("[ContextRender: this"):
+            out[m["tool_call_id"]] = m["content"].rsplit('handle "', 1)[1].split('"')[0]
+    return out
+
+
+# ---------------------------------------------------------------- the round, not streamed and streamed
+
+
+def test_a_restore_round_answers_from_the_store_and_the_agent_gets_only_the_final_answer(engine, upstream, proxy):
+    messages = conversation(words=10)
+    upstream.enqueue(content=None, tool_calls=[restore_call("call_restore_1", "r3")])
+    upstream.enqueue(content="The failing line is line_2_7.")
+    with proxy(budget=B) as server:
+        raw = sdk(server).chat.completions.with_raw_response.create(
+            model="m", messages=messages, tools=TOOLS, extra_headers={SESSION_HEADER: "run"})
+        answer = raw.parse()
+        wait_for_events(engine, "run", len(messages))
+    # The agent: one ordinary answer, the upstream's last answer byte for byte.
+    assert answer.choices[0].message.content == "The failing line is line_2_7."
+    assert answer.choices[0].message.tool_calls is None and answer.choices[0].finish_reason == "stop"
+    assert raw.http_response.content == upstream.requests[-1].sent
+    assert raw.headers[RESTORE_ROUNDS_HEADER] == "1"
+    assert json.loads(raw.headers[RESTORE_USAGE_HEADER]) == {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}
+    # The upstream: the stub named r3 (call_2); the restore tool offered after the agent's tools;
+    # the second request is the first plus the round, with the complete original result.
+    (first, second) = [r.json for r in upstream.requests]
+    assert stub_handles(first["messages"])["call_2"] == "r3"
+    assert first["tools"] == TOOLS + [RESTORE] and second["tools"] == TOOLS + [RESTORE]
+    assert second["messages"][:-2] == first["messages"]
+    assert second["messages"][-2] == {"role": "assistant", "content": None, "tool_calls": [restore_call("call_restore_1", "r3")]}
+    assert second["messages"][-1] == {"role": "tool", "tool_call_id": "call_restore_1", "content": result_text(messages, "call_2")}
+    # The graph records the restore; the session stores the agent's history only (no round).
+    assert restored_edges(engine, "run") == 1 and engine.get_session("run")["restores"] == 1
+    stored = engine.get_session("run", include_messages=True)["messages"]
+    assert stored == messages + [{"role": "assistant", "content": "The failing line is line_2_7."}]
+
+
+def test_a_streamed_restore_round_streams_only_the_final_answer(engine, upstream, proxy):
+    messages = conversation(words=10)
+    with proxy(budget=B) as server:
+        # Raw bytes first: the agent receives exactly the final answer's bytes.
+        upstream.enqueue(content=None, tool_calls=[restore_call("call_r1", "r2")])
+        upstream.enqueue(content="Streamed after the restore.", tool_calls=[call("call_next", "read_file", {"path": "fix.py"})])
+        with httpx.stream("POST", f"{server.url}/v1/chat/completions", headers={SESSION_HEADER: "stream"},
+                          json={"model": "m", "messages": messages, "tools": TOOLS, "stream": True}) as response:
+            received = b"".join(response.iter_raw())
+            assert response.headers[RESTORE_ROUNDS_HEADER] == "1"
+        assert received == upstream.requests[-1].sent
+        assert upstream.requests[-1].json["messages"][-1]["content"] == result_text(messages, "call_1")
+        wait_for_events(engine, "stream", len(messages))
+        # The SDK parses the stream: the final answer, its call, no restore call.
+        upstream.enqueue(content=None, tool_calls=[restore_call("call_r2", "r4")])
+        upstream.enqueue(content="Parsed by the SDK.", tool_calls=[call("call_sdk", "read_file", {"path": "b.py"})])
+        follow = messages + [assistant("Streamed after the restore.", call("call_next", "read_file", {"path": "fix.py"})),
+                             tool("call_next", "def fix(): pass")]
+        with sdk(server).chat.completions.stream(model="m", messages=follow, tools=TOOLS,
+                                                 extra_headers={SESSION_HEADER: "stream"}) as stream:
+            final = stream.get_final_completion()
+        wait_for_events(engine, "stream", len(follow))
+    message = final.choices[0].message
+    assert message.content == "Parsed by the SDK."
+    assert [(c.id, c.function.name, json.loads(c.function.arguments)) for c in message.tool_calls] == [("call_sdk", "read_file", {"path": "b.py"})]
+    assert upstream.requests[-1].json["messages"][-1]["content"] == result_text(messages, "call_3")
+    assert restored_edges(engine, "stream") == 2
+    # Stored: the agent's history and the answers as the agent got them; the follow-up did not fork.
+    answered = follow + [assistant("Parsed by the SDK.", call("call_sdk", "read_file", {"path": "b.py"}))]
+    assert engine.ingest("stream", answered).forked_at == -1 and engine.ingest("stream", answered).added == 0
+
+
+def test_text_streamed_before_a_restore_call_is_continued_by_the_next_answer(engine, upstream, proxy):
+    messages = conversation(words=10)
+    upstream.enqueue(content="Let me look at that output again. ", tool_calls=[restore_call("call_r", "r5")])
+    upstream.enqueue(content="It says value_4_3.")
+    with proxy(budget=B) as server:
+        with sdk(server).chat.completions.stream(model="m", messages=messages, tools=TOOLS,
+                                                 extra_headers={SESSION_HEADER: "text-first"}) as stream:
+            final = stream.get_final_completion()
+        wait_for_events(engine, "text-first", len(messages))
+    # The text had reached the agent before the restore call showed: the answer continues it.
+    assert final.choices[0].message.content == "Let me look at that output again. It says value_4_3."
+    assert not final.choices[0].message.tool_calls
+    round_call = upstream.requests[-1].json["messages"][-2]
+    assert round_call["content"] == "Let me look at that output again. " and round_call["tool_calls"][0]["id"] == "call_r"
+    stored = engine.get_session("text-first", include_messages=True)["messages"][-1]
+    assert stored == {"role": "assistant", "content": "Let me look at that output again. It says value_4_3."}
+
+
+# ---------------------------------------------------------------- failures and limits
+
+
+def test_an_unknown_or_malformed_handle_gets_a_tool_error_and_nothing_is_written(engine, upstream, proxy):
+    messages = conversation(words=10)
+    upstream.enqueue(content=None, tool_calls=[restore_call("call_a", "r999"), call("call_b", RESTORE_TOOL, "not json")])
+    upstream.enqueue(content="Going on without it.")
+    with proxy(budget=B) as server:
+        answer = sdk(server).chat.completions.create(model="m", messages=messages, extra_headers={SESSION_HEADER: "bad"})
+        wait_for_events(engine, "bad", len(messages))
+    assert answer.choices[0].message.content == "Going on without it."
+    (unknown, malformed) = upstream.requests[-1].json["messages"][-2:]
+    assert unknown["tool_call_id"] == "call_a" and "could not restore r999" in unknown["content"]
+    assert "no tool result 'r999'" in unknown["content"] and unknown["content"].endswith("Continue without it.]")
+    assert malformed["tool_call_id"] == "call_b" and 'a string "handle"' in malformed["content"]
+    assert restored_edges(engine, "bad") == 0 and engine.get_session("bad")["restores"] == 0
+
+
+class RestoreFails:
+    """The engine, except that restores fail (the server went away between two calls)."""
+
+    def __init__(self, engine):
+        self.engine = engine
+
+    def render(self, *args, **kwargs):
+        return self.engine.render(*args, **kwargs)
+
+    def ingest(self, *args, **kwargs):
+        return self.engine.ingest(*args, **kwargs)
+
+    def restore(self, *args, **kwargs):
+        raise ConnectionError("server unreachable")
+
+
+def test_a_failing_backend_is_a_tool_error_not_a_crash(engine, upstream):
+    upstream.enqueue(content=None, tool_calls=[restore_call("call_a", "r1")])
+    upstream.enqueue(content="Fine.")
+    with LoopbackServer(create_app(RestoreFails(engine), upstream.base_url, B)) as server:
+        response = httpx.post(f"{server.url}/v1/chat/completions", json={"model": "m", "messages": conversation(words=10)})
+    assert response.status_code == 200 and response.json()["choices"][0]["message"]["content"] == "Fine."
+    assert "server unreachable" in upstream.requests[-1].json["messages"][-1]["content"]
+
+
+def test_after_the_last_round_the_tool_is_withdrawn(engine, upstream, proxy):
+    messages = conversation(words=10)
+    upstream.enqueue(content=None, tool_calls=[restore_call("call_1", "r1")])
+    upstream.enqueue(content=None, tool_calls=[restore_call("call_2", "r2")])
+    # Without the tool the model still calls it, beside a call of the agent's: only the latter is shown.
+    upstream.enqueue(content=None, tool_calls=[restore_call("call_3", "r3"), call("call_x", "read_file", {"path": "x.py"})])
+    with proxy(budget=B, restore_rounds=2) as server:
+        response = httpx.post(f"{server.url}/v1/chat/completions", json={"model": "m", "messages": messages, "tools": TOOLS})
+    assert [r.json.get("tools") for r in upstream.requests] == [TOOLS + [RESTORE], TOOLS + [RESTORE], TOOLS]
+    assert response.headers[RESTORE_ROUNDS_HEADER] == "2"
+    message = response.json()["choices"][0]["message"]
+    assert [c["id"] for c in message["tool_calls"]] == ["call_x"]
+    assert restored_edges(engine, derive(messages)) == 2
+    # A request without tools of its own gets none in the last call either.
+    upstream.enqueue(content=None, tool_calls=[restore_call("call_4", "r4")])
+    upstream.enqueue(content="Done.")
+    with proxy(budget=B, restore_rounds=1) as server:
+        httpx.post(f"{server.url}/v1/chat/completions", json={"model": "m", "messages": messages})
+    assert "tools" not in upstream.requests[-1].json and upstream.requests[-2].json["tools"] == [RESTORE]
+
+
+def derive(messages: list[dict]) -> str:
+    from contextrender_adapters.proxy import derive_session
+
+    return derive_session(messages)
+
+
+def test_an_upstream_failure_in_a_round_reaches_the_agent(engine, upstream, proxy):
+    upstream.enqueue(content=None, tool_calls=[restore_call("call_1", "r1")])
+    upstream.enqueue(status=429)
+    with proxy(budget=B) as server:
+        response = httpx.post(f"{server.url}/v1/chat/completions", json={"model": "m", "messages": conversation(words=10)})
+    assert response.status_code == 429 and response.json()["error"]["message"] == "scripted failure"
+    assert response.headers[RESTORE_ROUNDS_HEADER] == "1"
+
+
+def test_a_tool_of_the_reserved_name_is_refused_before_anything_is_stored(engine, upstream, proxy):
+    mine = {"type": "function", "function": {"name": RESTORE_TOOL, "parameters": {"type": "object", "properties": {}}}}
+    body = {"model": "m", "messages": conversation(results=1, words=5), "tools": TOOLS + [mine]}
+    with proxy(budget=B) as server:
+        refused = httpx.post(f"{server.url}/v1/chat/completions", json=body)
+    assert refused.status_code == 400
+    error = refused.json()["error"]
+    assert error["code"] == "contextrender_reserved_tool_name" and error["param"] == "tools"
+    assert "Rename your tool" in error["message"] and "--restore-rounds 0" in error["message"]
+    assert upstream.requests == [] and engine.list_sessions() == []
+    # With restores off the name is the agent's: forwarded as sent, nothing added.
+    body["messages"] = conversation(words=10)
+    with proxy(budget=B, restore_rounds=0) as server:
+        assert httpx.post(f"{server.url}/v1/chat/completions", json=body).status_code == 200
+    assert upstream.requests[-1].json["tools"] == TOOLS + [mine]
+
+
+@pytest.mark.parametrize("extra, messages", [
+    ({"tool_choice": "none"}, conversation(words=10)),
+    ({"n": 2}, conversation(words=10)),
+    ({}, conversation(results=2, words=5)),  # nothing omitted
+])
+def test_the_tool_is_offered_only_when_it_can_serve(engine, upstream, proxy, extra, messages):
+    with proxy(budget=B) as server:
+        response = httpx.post(f"{server.url}/v1/chat/completions", json={"model": "m", "messages": messages, "tools": TOOLS} | extra)
+    assert upstream.requests[-1].json["tools"] == TOOLS and RESTORE_ROUNDS_HEADER not in response.headers
+
+
+# ---------------------------------------------------------------- answers that mix restore calls with the agent's
+
+
+def test_a_restore_call_first_is_a_round_and_the_agents_calls_are_decided_again(engine, upstream, proxy):
+    upstream.enqueue(content=None, tool_calls=[restore_call("call_r", "r1"), call("call_early", "read_file", {"path": "a.py"})])
+    upstream.enqueue(content=None, tool_calls=[call("call_late", "read_file", {"path": "b.py"})])
+    with proxy(budget=B) as server:
+        answer = sdk(server).chat.completions.create(model="m", messages=conversation(words=10), tools=TOOLS)
+    assert [c.id for c in answer.choices[0].message.tool_calls] == ["call_late"]
+    round_call = upstream.requests[-1].json["messages"][-2]
+    assert [c["id"] for c in round_call["tool_calls"]] == ["call_r"]  # the early call is not sent back unanswered
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_an_agent_call_first_goes_to_the_agent_without_the_restore_calls(engine, upstream, proxy, stream):
+    calls = [call("call_a", "read_file", {"path": "a.py"}), restore_call("call_r", "r1"), call("call_b", "read_file", {"path": "b.py"})]
+    upstream.enqueue(content="Reading two files.", tool_calls=calls)
+    with proxy(budget=B) as server:
+        client = sdk(server)
+        if stream:
+            with client.chat.completions.stream(model="m", messages=conversation(words=10), tools=TOOLS) as events:
+                answer = events.get_final_completion()
+        else:
+            answer = client.chat.completions.create(model="m", messages=conversation(words=10), tools=TOOLS)
+    message = answer.choices[0].message
+    assert message.content == "Reading two files."
+    assert [(c.id, json.loads(c.function.arguments)) for c in message.tool_calls] == [("call_a", {"path": "a.py"}), ("call_b", {"path": "b.py"})]
+    assert len(upstream.requests) == 1 and restored_edges(engine, derive(conversation(words=10))) == 0
+
+
+# ---------------------------------------------------------------- the signal
+
+
+def test_a_restored_result_is_kept_at_the_next_render(engine, upstream, proxy):
+    messages = conversation(words=10)
+    upstream.enqueue(content=None, tool_calls=[restore_call("call_r", "r7")])
+    upstream.enqueue(content="Here is the fix.")
+    with proxy(budget=B) as server:
+        headers = {SESSION_HEADER: "kept"}
+        httpx.post(f"{server.url}/v1/chat/completions", json={"model": "m", "messages": messages}, headers=headers)
+        assert stub_handles(upstream.requests[0].json["messages"])["call_6"] == "r7"
+        wait_for_events(engine, "kept", len(messages))
+        follow = messages + [{"role": "assistant", "content": "Here is the fix."}, user("Thanks, go on.")]
+        httpx.post(f"{server.url}/v1/chat/completions", json={"model": "m", "messages": follow}, headers=headers)
+    shown = upstream.requests[-1].json["messages"]
+    assert "call_6" not in stub_handles(shown) and result_text(shown, "call_6") == result_text(messages, "call_6")
+    decisions = {d.handle: d for d in engine.explain("kept").decisions}
+    assert decisions["r7"].status == "kept" and decisions["r7"].restores == 1
+
+
+# ---------------------------------------------------------------- reading a stream
+
+
+def frames(*deltas: dict, finish: str = "tool_calls") -> list[bytes]:
+    chunk = lambda delta, reason=None: {"id": "x", "choices": [{"index": 0, "delta": delta, "finish_reason": reason}]}  # noqa: E731
+    out = [f"data: {json.dumps(chunk(d))}\n\n".encode() for d in deltas]
+    return out + [f"data: {json.dumps(chunk({}, finish))}\n\n".encode(), b"data: [DONE]\n\n"]
+
+
+def part(index: int, name: str | None = None, arguments: str = "", call_id: str | None = None) -> dict:
+    function = {"arguments": arguments} | ({"name": name} if name else {})
+    return {"tool_calls": [{"index": index, "function": function} | ({"id": call_id, "type": "function"} if call_id else {})]}
+
+
+def relay(stream: list[bytes], may_restore: bool = True, step: int | None = None) -> tuple[list[bytes], StreamRound]:
+    reader = StreamRound(may_restore=may_restore)
+    data = b"".join(stream)
+    pieces = [data[i:i + step] for i in range(0, len(data), step)] if step else stream
+    out = [f for piece in pieces for f in reader.feed(piece)] + reader.close()
+    return out, reader
+
+
+def test_text_is_relayed_at_once_and_the_role_frame_only_waits_for_it():
+    stream = frames({"role": "assistant", "content": ""}, {"content": "Hel"}, {"content": "lo"}, finish="stop")
+    reader = StreamRound(may_restore=True)
+    assert reader.feed(stream[0]) == []  # a role alone: the answer may still open with a restore call
+    assert reader.feed(stream[1]) == stream[:2]
+    assert reader.feed(stream[2]) == [stream[2]]
+    assert [f for piece in stream[3:] for f in reader.feed(piece)] + reader.close() == stream[3:]
+    assert not reader.restore_round and reader.answer().content == "Hello"
+
+
+@pytest.mark.parametrize("step", [None, 1, 7])
+def test_a_restore_answer_is_held_whole_however_the_bytes_are_cut(step):
+    stream = frames({"role": "assistant", "content": ""}, part(0, RESTORE_TOOL, "", "call_r"), part(0, None, '{"handle":'), part(0, None, ' "r4"}'))
+    (out, reader) = relay(stream, step=step)
+    assert out == [] and reader.restore_round
+    answer = reader.answer()
+    assert answer.restore_first and [c["function"]["arguments"] for c in answer.restore_calls] == ['{"handle": "r4"}']
+
+
+def test_restore_parts_are_withheld_and_later_calls_renumbered():
+    stream = frames(part(0, "read_file", '{"path": "a"}', "call_a"), part(1, RESTORE_TOOL, '{"handle": "r1"}', "call_r"),
+                    part(2, "read_file", '{"path": "b"}', "call_b"))
+    (out, reader) = relay(stream, step=5)
+    shown = [json.loads(f[6:]) for f in out if f.startswith(b"data: {")]
+    parts = [p for chunk in shown for p in chunk["choices"][0]["delta"].get("tool_calls", [])]
+    assert [(p["index"], p["id"]) for p in parts] == [(0, "call_a"), (1, "call_b")]
+    assert out[0] == stream[0] and out[-1] == stream[-1] and not reader.restore_round
+    # Without the tool offered, a lone restore call is withheld and the answer ends as text.
+    (out, _) = relay(frames({"content": "Ok."}, part(0, RESTORE_TOOL, '{"handle": "r1"}', "call_r")), may_restore=False)
+    finish = json.loads(out[-2][6:])["choices"][0]
+    assert finish["finish_reason"] == "stop" and len(out) == 3
+
+
+def test_crlf_separated_events_are_read_too():
+    stream = [f.replace(b"\n\n", b"\r\n\r\n") for f in frames(part(0, RESTORE_TOOL, '{"handle": "r2"}', "call_r"))]
+    (out, reader) = relay(stream, step=3)
+    assert out == [] and reader.restore_round and reader.answer().restore_calls[0]["id"] == "call_r"
