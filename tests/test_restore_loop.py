@@ -346,3 +346,22 @@ def test_crlf_separated_events_are_read_too():
     stream = [f.replace(b"\n\n", b"\r\n\r\n") for f in frames(part(0, RESTORE_TOOL, '{"handle": "r2"}', "call_r"))]
     (out, reader) = relay(stream, step=3)
     assert out == [] and reader.restore_round and reader.answer().restore_calls[0]["id"] == "call_r"
+
+
+def test_restore_rounds_with_a_server_backend(jac_server, upstream):
+    """`--server`: the round's restore goes through the client to a running `jac start` server."""
+    from contextrender_adapters.client import Client
+
+    client = Client(jac_server.url)
+    client.register("restore-proxy-user", "secret-password-1")
+    messages = conversation(words=10)
+    upstream.enqueue(content=None, tool_calls=[restore_call("call_a", "r2"), restore_call("call_b", "r77")])
+    upstream.enqueue(content="Found it.")
+    with LoopbackServer(create_app(client, upstream.base_url, B)) as server:
+        response = httpx.post(f"{server.url}/v1/chat/completions", json={"model": "m", "messages": messages},
+                              headers={SESSION_HEADER: "via-server"})
+    assert response.status_code == 200 and response.json()["choices"][0]["message"]["content"] == "Found it."
+    (found, unknown) = upstream.requests[-1].json["messages"][-2:]
+    assert found["content"] == result_text(messages, "call_1")
+    assert "no tool result 'r77'" in unknown["content"]
+    assert client.get_session("via-server")["restores"] == 1
