@@ -28,8 +28,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import engine.score as score  # noqa: E402
 from contextrender_adapters import Engine  # noqa: E402
-from contextrender_adapters.evaluate import reuse_events, visible_results  # noqa: E402
-from contextrender_adapters.replay import load_traces  # noqa: E402
+from contextrender_eval.evaluate import reuse_events, visible_results  # noqa: E402
+from contextrender_eval.replay import assistant_turns, load_traces  # noqa: E402
 
 
 def main() -> None:
@@ -53,13 +53,7 @@ def main() -> None:
             score.RESTORE_USE = weight or 1.0
             restored: set[str] = set()
             counts = stats[weight]
-            done = 0
-            for j, message in enumerate(messages):
-                if message["role"] != "assistant":
-                    continue
-                if messages[done:j]:
-                    engine.ingest("t", messages[done:j], append=True)
-                done = j
+            for (j, _) in assistant_turns(engine, "t", messages):
                 if not events[j]:
                     continue
                 result = engine.render("t", budget=args.budget, explain=True, restores=weight > 0)
