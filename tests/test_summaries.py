@@ -16,7 +16,11 @@ def test_oversized_result_is_compacted_by_the_configured_model(engine, monkeypat
     result = engine.render("s", messages, budget=1000, explain=True)
     assert result.decisions[0].status == "compacted"
     shown = next(m for m in result.messages if m.get("tool_call_id") == "c1")
-    assert shown["content"] == "ERR_4242 at src/app.py:17 (compacted)"
+    # The model's compaction, under the line that names the handle of the complete result.
+    assert shown["content"] == (
+        '[ContextRender: compacted from 11004 tokens. To see it in full, call contextrender_restore with handle "r1".]\n'
+        "ERR_4242 at src/app.py:17 (compacted)"
+    )
     assert result.history_tokens <= 1000
     # Cached on the result node: a second render does not ask the model again (no outputs left).
     again = engine.render("s", messages, budget=1000)
