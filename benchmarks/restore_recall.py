@@ -9,11 +9,11 @@ model: before each recorded assistant turn it renders the history like `contextr
 (contextrender, B = --budget), and every B.4 reuse event of that turn whose result is not visible
 in full is restored (`Engine.restore`, from that turn) when the rendered history names its handle
 (a stub, or a compacted result's note): a model can only ask for a handle it sees, and results of
-folded turns leave no stub. Weight 0 is the paper's formula (restores
-recorded, not scored: `restores=False`); weight w counts each restore as w observed uses in c_t
-(engine.score.RESTORE_USE, 1 in the engine). Per weight it prints the B.4 recall before any restore
-of that turn, the restores the oracle made, and, for events of results restored at an earlier turn,
-how often the result was in view again (the "stays in view" the restore signal is for).
+folded turns leave no stub. Weight 0 is the paper's formula (restores recorded, not scored);
+weight w adds w to c_t per restore (the render setting `restore_weight`, 2 by default). Per weight
+it prints the B.4 recall before any restore of that turn, the restores the oracle made, the missed
+events it could not name, and, for events of results restored at an earlier turn, how often the
+result was in view again (the "stays in view" the restore signal is for).
 """
 
 from __future__ import annotations
@@ -26,7 +26,6 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import engine.score as score  # noqa: E402
 from contextrender_adapters import Engine  # noqa: E402
 from contextrender_eval.evaluate import reuse_events, visible_results  # noqa: E402
 from contextrender_eval.replay import assistant_turns, load_traces  # noqa: E402
@@ -50,13 +49,12 @@ def main() -> None:
         originals = {m["tool_call_id"]: m["content"] for m in messages if m["role"] == "tool"}
         for weight in weights:
             engine = Engine(tempfile.mkdtemp(prefix="restore-recall-"))
-            score.RESTORE_USE = weight or 1.0
             restored: set[str] = set()
             counts = stats[weight]
             for (j, _) in assistant_turns(engine, "t", messages):
                 if not events[j]:
                     continue
-                result = engine.render("t", budget=args.budget, explain=True, restores=weight > 0)
+                result = engine.render("t", budget=args.budget, explain=True, restore_weight=weight)
                 visible = visible_results(result.messages, originals)
                 handles = {d.call_id: d.handle for d in result.decisions}
                 named = "\n".join(str(m.get("content")) for m in result.messages if m["role"] == "tool")
@@ -76,8 +74,7 @@ def main() -> None:
                     counts["restores"] += 1
                     restored.add(event.call_id)
         print(f"trace {number + 1}/{len(traces)} done", file=sys.stderr, flush=True)
-    score.RESTORE_USE = 1.0
-    print(f"{len(traces)} traces from {args.traces}; contextrender, B = {args.budget}; an oracle restores every missed event")
+    print(f"{len(traces)} traces from {args.traces}; contextrender, B = {args.budget}; an oracle restores every missed event it can name")
     print(f"{'weight':>6}  {'events':>6}  {'recall %':>8}  {'restores':>8}  {'missed, no handle shown':>23}  "
           f"{'events of restored results':>26}  {'in view again %':>15}")
     for weight in weights:

@@ -140,20 +140,30 @@ def test_a_restored_result_stays_in_view_at_the_next_render(engine):
     engine.restore("s", "r7")
     after = engine.render("s", messages, budget=BUDGET, explain=True)
     decision = next(d for d in after.decisions if d.handle == "r7")
-    # One restore is one observed use: c_t 0 -> 1, reuse term 1 - e^(-0.2).
-    assert (decision.restores, decision.reuse_count) == (1, 1.0)
-    assert decision.reuse == pytest.approx(1 - 2.718281828459045 ** -0.2)
+    # One restore adds restore_weight (2) to c_t: 0 -> 2, reuse term 1 - e^(-0.2 * 2).
+    assert (decision.restores, decision.reuse_count) == (1, 2.0)
+    assert decision.reuse == pytest.approx(1 - 2.718281828459045 ** -0.4)
     assert decision.status == "kept" and "r7" not in stubs(after)
     assert_sound(after, BUDGET)
     assert pairing_problems(after.messages) == []
+
+
+def test_a_restore_weight_is_a_setting_and_must_not_be_negative(engine):
+    messages = session(size=40)
+    engine.render("s", messages, budget=BUDGET)
+    engine.restore("s", "r7")
+    heavy = engine.render("s", messages, budget=BUDGET, explain=True, restore_weight=5)
+    assert next(d for d in heavy.decisions if d.handle == "r7").reuse_count == 5.0
+    with pytest.raises(InvalidRequest, match="'restore_weight' must be between 0.0 and 1000.0"):
+        engine.render("s", messages, budget=BUDGET, restore_weight=-1)
 
 
 def test_paper_exact_renders_ignore_restores(engine):
     messages = session(size=40)
     engine.render("s", messages, budget=BUDGET)
     engine.restore("s", "r7")
-    # contextrender with restores off is the paper's formula: the same as a session never restored.
-    exact = engine.render("s", messages, budget=BUDGET, explain=True, restores=False)
+    # contextrender with restore_weight 0 is the paper's formula: the same as a session never restored.
+    exact = engine.render("s", messages, budget=BUDGET, explain=True, restore_weight=0)
     fresh = engine.render("fresh", messages, budget=BUDGET, explain=True)
     assert status(exact) == status(fresh) and status(exact)["r7"] == "omitted"
     assert [d.reuse_count for d in exact.decisions] == [d.reuse_count for d in fresh.decisions]
@@ -244,7 +254,7 @@ def test_the_server_endpoint(carol):
     assert kinds.count("Restored") == 1
     explained = carol.render("s", messages, budget=BUDGET, explain=True)
     r7 = next(d for d in explained.decisions if d["handle"] == "r7")
-    assert (r7["status"], r7["restores"], r7["reuse_count"]) == ("kept", 1, 1.0)
+    assert (r7["status"], r7["restores"], r7["reuse_count"]) == ("kept", 1, 2.0)
 
 
 def test_the_server_refuses_bad_handles_and_writes_nothing(carol, jac_server):
