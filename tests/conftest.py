@@ -1,7 +1,10 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -33,6 +36,15 @@ def tool(call_id: str, content: str) -> dict:
 
 def user(text: str) -> dict:
     return {"role": "user", "content": text}
+
+
+def in_new_process(script: str, store: Path) -> Any:
+    """Run `script` (Python, with the store's path as sys.argv[1]) in a new interpreter, as after a
+    restart or an upgrade, from the project folder; the JSON its last printed line holds."""
+    done = subprocess.run([sys.executable, "-c", script, str(store)], capture_output=True, text=True,
+                          cwd=Path(__file__).resolve().parent.parent, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def load_traces(name: str) -> list[dict]:

@@ -6,10 +6,7 @@ from __future__ import annotations
 import json
 import re
 import sqlite3
-import subprocess
-import sys
 import uuid
-from pathlib import Path
 
 import pytest
 
@@ -18,7 +15,7 @@ from contextrender_adapters.checks import pairing_problems
 from contextrender_adapters.client import AsyncClient, Client
 from engine.measure import get_tokenizer
 from engine.notices import RESTORE_TOOL
-from tests.conftest import assistant, call, tool, user
+from tests.conftest import assistant, call, in_new_process, tool, user
 from tests.test_render import assert_sound
 from tests.test_selectors import session
 
@@ -196,10 +193,7 @@ def test_restores_are_counted_again_after_a_restart(tmp_path):
         "e = Engine(sys.argv[1]); r = e.render('s', session(size=40), budget=1100, explain=True); "
         "print(json.dumps([[d.handle, d.status, d.restores] for d in r.decisions if d.handle == 'r7']))"
     )
-    done = subprocess.run([sys.executable, "-c", script, str(tmp_path)], capture_output=True, text=True,
-                          cwd=Path(__file__).resolve().parent.parent, timeout=300)
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert json.loads(done.stdout.strip().splitlines()[-1]) == [["r7", "kept", 1]]
+    assert in_new_process(script, tmp_path) == [["r7", "kept", 1]]
 
 
 def test_results_stored_before_handles_existed_get_derived_ones(tmp_path):
@@ -224,10 +218,7 @@ def test_results_stored_before_handles_existed_get_derived_ones(tmp_path):
         "print(json.dumps([[d.handle for d in r.decisions], x.message['tool_call_id'], "
         "[t['content'][-60:] for t in r.messages if t['role'] == 'tool' and t['content'].startswith('[ContextRender')][:1]]))"
     )
-    done = subprocess.run([sys.executable, "-c", script, str(tmp_path)], capture_output=True, text=True,
-                          cwd=Path(__file__).resolve().parent.parent, timeout=300)
-    assert done.returncode == 0, done.stderr[-2000:]
-    (handles, restored_call, stub) = json.loads(done.stdout.strip().splitlines()[-1])
+    (handles, restored_call, stub) = in_new_process(script, tmp_path)
     # Old results: p<position> (positions 2, 4, ... in the chain); the new one: the counter's r1.
     assert handles == [f"p{2 + 2 * i}" for i in range(10)] + ["r1"]
     assert restored_call == "c6" and re.search(r'handle "p\d+"\.\]$', stub[0])

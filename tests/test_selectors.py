@@ -3,11 +3,6 @@ baselines' orderings, and the summary selectors (byLLM typed slots, or the label
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 from byllm.lib import MockLLM
 
@@ -15,7 +10,7 @@ import engine.summaries as compact
 from contextrender_adapters import InvalidRequest, RenderConfig
 from contextrender_adapters.checks import pairing_problems
 from engine.measure import get_tokenizer
-from tests.conftest import assistant, call, tool, user
+from tests.conftest import assistant, call, in_new_process, tool, user
 from tests.test_render import filler
 from engine.selectors import SELECTORS, render_settings
 
@@ -251,7 +246,4 @@ def test_summaries_stored_before_they_moved_to_graph_still_load(tmp_path):
         "r = e.render('s', session(), budget=700, selector='compact', summariser='offline'); "
         "print(json.dumps([r.summary_calls, e.delete_session('s')['deleted']]))"
     )
-    done = subprocess.run([sys.executable, "-c", script, str(tmp_path)], capture_output=True, text=True,
-                          cwd=Path(__file__).resolve().parent.parent, timeout=300)
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert json.loads(done.stdout.strip().splitlines()[-1]) == [0, True]
+    assert in_new_process(script, tmp_path) == [0, True]
