@@ -25,8 +25,8 @@ from typing import Any
 
 from contextrender_adapters.core import RESTORE_TOOL, restore_tool
 
-__all__ = ["RESTORE_TOOL", "Offer", "AnswerCalls", "StreamRound", "declares_restore", "offer_for", "split_answer",
-           "round_messages", "tool_error", "handle_of", "add_usage"]
+__all__ = ["RESTORE_TOOL", "AnswerCalls", "StreamRound", "add_usage", "declares_restore", "handle_of", "offers_tool",
+           "round_messages", "split_answer", "strip_restore_calls", "tool_error", "with_tool"]
 
 
 def _function_name(call: Any) -> str:
@@ -42,72 +42,40 @@ def declares_restore(body: dict) -> bool:
     )
 
 
-@dataclass(frozen=True)
-class Offer:
-    """Why the restore tool is or is not offered for one request."""
-
-    offered: bool
-    reason: str = ""
-
-
-def offer_for(body: dict, omitted: int, compacted: int) -> Offer:
-    """The tool is offered when the render omitted or compacted a result, unless the request
-    forbids tools (`tool_choice: "none"`), asks for several choices (`n` > 1: a round needs one
-    answer), or uses the legacy `functions` field (which cannot be mixed with `tools`)."""
-    if not (omitted or compacted):
-        return Offer(False, "nothing omitted")
-    if body.get("tool_choice") == "none":
-        return Offer(False, "tool_choice none")
-    if body.get("n") not in (None, 1):
-        return Offer(False, "several choices")
-    if "functions" in body or (body.get("tools") is not None and not isinstance(body.get("tools"), list)):
-        return Offer(False, "legacy functions")
-    return Offer(True)
+def offers_tool(body: dict, omitted: int, compacted: int) -> bool:
+    """Whether the request gets the restore tool: the render omitted or compacted a result, and
+    the request neither forbids tools (`tool_choice: "none"`), nor asks for several choices (`n` >
+    1: a round needs one answer), nor uses the legacy `functions` field (not to be mixed with
+    `tools`), nor sends `tools` that are not a list."""
+    return bool(omitted or compacted) and body.get("tool_choice") != "none" and body.get("n") in (None, 1) \
+        and "functions" not in body and isinstance(body.get("tools", []), list)
 
 
-def with_tool(body: dict, offered: bool, agent_tools: Any) -> dict:
-    """The request body for one upstream call: the agent's tools, plus the restore tool when offered."""
+def with_tool(body: dict, offered: bool) -> dict:
+    """The request body for one upstream call: the agent's own tools (if any), plus the restore tool
+    when offered."""
     out = dict(body)
     if offered:
-        out["tools"] = list(agent_tools or []) + [restore_tool()]
-    elif agent_tools is None:
-        out.pop("tools", None)
-    else:
-        out["tools"] = agent_tools
+        out["tools"] = list(body.get("tools") or []) + [restore_tool()]
     return out
 
 
 @dataclass
 class AnswerCalls:
-    """An answer's text and tool calls, split into restore calls and the agent's."""
+    """An answer's text and its restore calls."""
 
     content: str | None
     restore_calls: list[dict]
-    agent_calls: list[dict]
     # The answer's first call is a restore call: a restore round (when the tool was offered).
     restore_first: bool
 
 
 def split_answer(message: dict) -> AnswerCalls:
     calls = [c for c in (message.get("tool_calls") or []) if isinstance(c, dict)]
-    restore = [c for c in calls if _function_name(c) == RESTORE_TOOL]
-    agent = [c for c in calls if _function_name(c) != RESTORE_TOOL]
     content = message.get("content")
-    return AnswerCalls(content if isinstance(content, str) else None, restore, agent,
+    return AnswerCalls(content if isinstance(content, str) else None,
+                       [c for c in calls if _function_name(c) == RESTORE_TOOL],
                        bool(calls) and _function_name(calls[0]) == RESTORE_TOOL)
-
-
-def round_message(answer: AnswerCalls) -> dict:
-    """The assistant message of a restore round as it goes back upstream: its text and its
-    restore calls only (chat-completions request form)."""
-    return {
-        "role": "assistant", "content": answer.content or None,
-        "tool_calls": [
-            {"id": c.get("id"), "type": "function",
-             "function": {"name": RESTORE_TOOL, "arguments": str((c.get("function") or {}).get("arguments") or "")}}
-            for c in answer.restore_calls
-        ],
-    }
 
 
 def handle_of(call: dict) -> str:
@@ -129,11 +97,16 @@ def tool_error(handle: str, problem: str) -> str:
 
 
 def round_messages(answer: AnswerCalls, contents: list[Any]) -> list[dict]:
-    """The round appended to the next upstream request: the assistant's restore calls, then one tool
-    message per call with its content (the stored result, or a tool error)."""
-    return [round_message(answer)] + [
-        {"role": "tool", "tool_call_id": call.get("id"), "content": content}
-        for (call, content) in zip(answer.restore_calls, contents)
+    """The round appended to the next upstream request: the assistant message with its text and
+    its restore calls only (in request form), then one tool message per call with its content
+    (the stored result, or a tool error)."""
+    calls = [
+        {"id": c.get("id"), "type": "function",
+         "function": {"name": RESTORE_TOOL, "arguments": str((c.get("function") or {}).get("arguments") or "")}}
+        for c in answer.restore_calls
+    ]
+    return [{"role": "assistant", "content": answer.content or None, "tool_calls": calls}] + [
+        {"role": "tool", "tool_call_id": call["id"], "content": content} for (call, content) in zip(calls, contents)
     ]
 
 
