@@ -76,8 +76,10 @@ def test_a_restore_round_answers_from_the_store_and_the_agent_gets_only_the_fina
     assert second["messages"][-1] == {"role": "tool", "tool_call_id": "call_restore_1", "content": result_text(messages, "call_2")}
     # The graph records the restore; the session stores the agent's history only (no round).
     assert restored_edges(engine, "run") == 1 and engine.get_session("run")["restores"] == 1
-    stored = engine.get_session("run", include_messages=True)["messages"]
-    assert stored == messages + [{"role": "assistant", "content": "The failing line is line_2_7."}]
+    session = engine.get_session("run", include_messages=True)
+    assert session["messages"] == messages + [{"role": "assistant", "content": "The failing line is line_2_7."}]
+    # The session's usage counts both model calls of the request (the fake reports 1 + 1 each).
+    assert (session["usage"]["requests"], session["usage"]["input_tokens"], session["usage"]["output_tokens"]) == (1, 2, 2)
 
 
 def test_a_streamed_restore_round_streams_only_the_final_answer(engine, upstream, proxy):
@@ -154,11 +156,8 @@ class RestoreFails:
     def __init__(self, engine):
         self.engine = engine
 
-    def render(self, *args, **kwargs):
-        return self.engine.render(*args, **kwargs)
-
-    def ingest(self, *args, **kwargs):
-        return self.engine.ingest(*args, **kwargs)
+    def __getattr__(self, name):
+        return getattr(self.engine, name)
 
     def restore(self, *args, **kwargs):
         raise ConnectionError("server unreachable")
