@@ -41,6 +41,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.background import BackgroundTask
 from starlette.concurrency import run_in_threadpool
 
+from engine.index import cache_bytes_setting
 from engine.measure import content_text
 
 __all__ = ["Backend", "create_app", "derive_session", "register", "SESSION_HEADER"]
@@ -52,8 +53,11 @@ _DIGITS = re.compile(r"\d+")
 # Engine errors that are the request's fault (malformed messages, a rewrite refused, too large).
 _REQUEST_FAULTS = {400, 409, 413, 422}
 DEFAULT_SELECTOR = "contextrender"
-# Sessions whose stored answers the proxy remembers (oldest forgotten first).
-MAX_SESSIONS = 10_000
+# The stored answers the proxy remembers, least recently used sessions forgotten first: this
+# share of CONTEXTRENDER_INDEX_CACHE_MB (the engine's indexes hold the rest; answers are small).
+STATE_SHARE = 16
+# A session's state without its answers (lock, counters, its table entry).
+STATE_BYTES = 600
 # Hop-by-hop headers (RFC 9110 7.6.1) and the ones the HTTP layer recomputes.
 _REQUEST_SKIP = {
     "host", "content-length", "connection", "keep-alive", "transfer-encoding", "te", "trailer",
@@ -241,6 +245,12 @@ class _SessionState:
         self.lock = asyncio.Lock()
         self.turn = 0
         self.answers: dict[int, dict] = {}
+        # Bytes it holds (estimated: its answers as JSON, plus STATE_BYTES).
+        self.size = STATE_BYTES
+
+
+def _answer_bytes(message: dict) -> int:
+    return 2 * len(json.dumps(message, ensure_ascii=False)) + STATE_BYTES
 
 
 class _Proxy:
@@ -255,8 +265,10 @@ class _Proxy:
         self.fail_closed = fail_closed
         self.client = client
         # Per session, least recently used first: its lock, its request count, and the answers
-        # the proxy stored, by their position in the message list.
+        # the proxy stored, by their position in the message list; within `max_state_bytes`.
         self._sessions: OrderedDict[str, _SessionState] = OrderedDict()
+        self.max_state_bytes = cache_bytes_setting() // STATE_SHARE
+        self.state_bytes = 0
 
     # -- upstream plumbing
 
@@ -335,17 +347,34 @@ class _Proxy:
 
     def session(self, session_id: str) -> _SessionState:
         """The session's state, marked as just used; the least recently used idle sessions are
-        forgotten beyond MAX_SESSIONS (their answers then match by normal form only)."""
+        forgotten while the states hold more than `max_state_bytes` (their answers then match by
+        normal form only, as the engine matches echoes)."""
         state = self._sessions.get(session_id)
         if state is None:
             state = self._sessions[session_id] = _SessionState()
+            self.state_bytes += state.size
         self._sessions.move_to_end(session_id)
-        while len(self._sessions) > MAX_SESSIONS:
+        while self.state_bytes > self.max_state_bytes and len(self._sessions) > 1:
             (oldest, old) = next(iter(self._sessions.items()))
-            if old.lock.locked():
+            if old.lock.locked() or old is state:
                 break  # in use: forget it later
             del self._sessions[oldest]
+            self.state_bytes -= old.size
         return state
+
+    def remember(self, state: _SessionState, position: int, message: dict) -> None:
+        self.forget(state, [position])
+        state.answers[position] = message
+        size = _answer_bytes(message)
+        state.size += size
+        self.state_bytes += size
+
+    def forget(self, state: _SessionState, positions: list[int]) -> None:
+        for position in positions:
+            if position in state.answers:
+                size = _answer_bytes(state.answers.pop(position))
+                state.size -= size
+                self.state_bytes -= size
 
     def reconcile(self, session_id: str, messages: list) -> list:
         """The message list as the session stores it: assistant messages in normal form, and
@@ -353,14 +382,14 @@ class _Proxy:
         from streams or SDK objects: `content` "" for null, extra keys in tool calls). Without
         this the engine, which compares exactly, would take every echoed answer for a rewrite."""
         messages = [_normal(m) for m in messages]
-        stored = self.session(session_id).answers
+        state = self.session(session_id)
+        stored = state.answers
         for position in sorted(stored):
             if position < len(messages) and _same_turn(messages[position], stored[position]):
                 messages[position] = stored[position]
                 continue
             # History rewritten (or cut) here: the engine forks; later answers are on the old branch.
-            for later in [p for p in stored if p >= position]:
-                del stored[later]
+            self.forget(state, [p for p in stored if p >= position])
             break
         return messages
 
@@ -369,7 +398,7 @@ class _Proxy:
             state = self.session(session_id)
             if state.turn != turn:
                 return None  # a later request of the session has been rendered meanwhile
-            state.answers[position] = message
+            self.remember(state, position, message)
             return BackgroundTask(self.ingest_answer, session_id, turn, message)
 
         return record
