@@ -130,10 +130,19 @@ class Engine:
             l3.apply = lambda changes: applied.append(flush(changes)) or applied[-1]
         token = JacRuntime.push_request_context(ctx)
         try:
+            # The spawn ends with jaclang's commit (one transaction), which logs and swallows
+            # its own failures: they are read from what the flush reported.
             done = spawn(walker, ctx.get_root())
-            # The spawn ends with jaclang's commit, which swallows its own failure; closing
-            # commits again what is left and raises a lost race (WriteConflict): acknowledged
-            # means durable.
+            if applied and applied[-1].conflicts:
+                raise applied[-1].conflicts[0]  # a lost race: run again on the winner's graph
+            if applied and applied[-1].failed:
+                raise ContextRenderError(f"the store did not take this call's writes: {next(iter(applied[-1].failed.values()))}")
+            if applied:
+                # Everything this call changed is stored: closing need not hash every node it
+                # loaded again to look for changes (a third of the commit's time on ingestion).
+                ctx.mem.__mem__.clear()
+            # Else nothing was flushed: closing commits what is left (if anything is) and raises
+            # a lost race. Either way, acknowledged means durable.
             ctx.close()
         except BaseException:
             # A failed call leaves nothing behind (as on the server): drop its uncommitted
@@ -143,8 +152,6 @@ class Engine:
             raise
         finally:
             JacRuntime.reset_request_context(token)
-        if applied and applied[-1].failed:
-            raise ContextRenderError(f"the store did not take this call's writes: {next(iter(applied[-1].failed.values()))}")
         return done.reports[0]
 
     def ingest(self, session_id: str, messages: list[dict], *, append: bool = False) -> IngestSummary:
