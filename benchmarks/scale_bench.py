@@ -107,6 +107,7 @@ class Store:
 
     def fill(self, total: int) -> float:
         """Store fillers until there are `total`; returns the seconds it took."""
+        from jaclang.jac0core.constant import Constants
         from jaclang.jac0core.runtime import JacRuntime, JacUtils
         from jaclang.runtimelib.memory import SqliteMemory
 
@@ -118,8 +119,10 @@ class Store:
         while self.filled < total:
             ctx = JacUtils.create_j_context(user_root=None, base_path_dir=scratch)
             ctx.mem.l3 = SqliteMemory(path=str(self.db_path))
-            if self.root_id:
-                ctx.set_user_root(self.root_id)
+            # The context made a system root of its own (the scratch store has none): drop it, or
+            # its commit would overwrite the stored root's edges; load the stored root instead.
+            ctx.mem.__mem__.clear()
+            ctx.set_user_root(self.root_id or Constants.SUPER_ROOT_UUID)
             token = JacRuntime.push_request_context(ctx)
             try:
                 root = ctx.user_root.archetype
