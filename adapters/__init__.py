@@ -1,6 +1,8 @@
-"""ContextRender's Python layer: the in-process `Engine`, the server `Client`, the proxy and the
-replay harness. Names are imported on first use, so `contextrender --help` and the proxy's
-command line do not wait for the engine to load."""
+"""ContextRender's Python layer: the in-process `Engine`, the server `Client` (and
+`AsyncClient`), the proxy's ASGI app, and the engine's errors and render types. Names are
+imported on first use, so `contextrender --help` and the proxy's command line do not wait for the
+engine to load. What the layer takes from the Jac modules comes through `core`.
+"""
 
 from __future__ import annotations
 
@@ -23,15 +25,16 @@ import jaclang  # noqa: E402,F401  (installs the .jac import hook)
 
 _EXPORTS = {
     "Engine": "engine",
-    "RenderConfig": "engine",
-    "RenderResult": "engine",
-    "ResultDecision": "engine",
-    "ContextRenderError": "engine",
-    "InvalidRequest": "engine",
-    "UnknownSession": "engine",
-    "HistoryConflict": "engine",
     "Client": "client",
     "AsyncClient": "client",
+    "create_app": "proxy",
+    "RenderConfig": "core",
+    "RenderResult": "core",
+    "ResultDecision": "core",
+    "ContextRenderError": "core",
+    "InvalidRequest": "core",
+    "UnknownSession": "core",
+    "HistoryConflict": "core",
 }
 
 __all__ = list(_EXPORTS)

@@ -1,5 +1,6 @@
 """The `contextrender` command. Each subcommand lives in its own module, which adds its parser
-with `register(subparsers)` and sets `func` to the function that runs it."""
+with `register(subparsers)` and sets `func` to the function that runs it: `proxy` in the
+adapters, `replay` and `sweep` in the evaluation harness."""
 
 from __future__ import annotations
 
@@ -7,8 +8,9 @@ import argparse
 import importlib
 import sys
 
-# Subcommand modules, imported only when the command line is parsed (the engine is slow to load).
-COMMAND_MODULES = ("proxy", "replay")
+# Subcommand modules, imported only when the command line is parsed; none loads the engine until
+# its command runs (the engine is slow to load).
+COMMAND_MODULES = ("contextrender_adapters.proxy", "contextrender_eval.commands")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -18,7 +20,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in COMMAND_MODULES:
-        importlib.import_module(f"contextrender_adapters.{name}").register(commands)
+        importlib.import_module(name).register(commands)
     return parser
 
 

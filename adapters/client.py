@@ -1,8 +1,8 @@
 """A typed client for the ContextRender server (`jac start contextrender.jac`).
 
-Same method names as the in-process `Engine`; errors are the same classes (`InvalidRequest`,
-`UnknownSession`, `HistoryConflict`, else `ContextRenderError` with the HTTP status as `.status`),
-with the server's message.
+The same methods as the in-process `Engine`, one per endpoint (adapters/endpoints.py); errors
+are the same classes (`InvalidRequest`, `UnknownSession`, `HistoryConflict`, else
+`ContextRenderError` with the HTTP status as `.status`), with the server's message.
 
     client = Client("http://127.0.0.1:8000")
     client.login("alice", "secret123")           # or Client(url, token=...)
@@ -21,7 +21,8 @@ from typing import Any
 
 import httpx
 
-from contextrender_adapters.engine import ContextRenderError, HistoryConflict, InvalidRequest, UnknownSession
+from contextrender_adapters.core import ContextRenderError, HistoryConflict, InvalidRequest, UnknownSession
+from contextrender_adapters.endpoints import ENDPOINTS, EndpointMethods
 
 DEFAULT_URL = "http://127.0.0.1:8000"
 # The server names its errors (adapters/server.py); a bare status, such as a 404 from a wrong URL,
@@ -110,54 +111,25 @@ def _account(username: str, password: str) -> dict:
     return {"identities": [{"type": "username", "value": username}], "credential": {"type": "password", "password": password}}
 
 
-class _Endpoints:
-    """Every endpoint as a request body and what to make of the report. `_call` and `_then` are
-    synchronous in `Client` and coroutines in `AsyncClient`."""
+def _reading(walker: str) -> Callable[[Any], Any]:
+    """How to read an endpoint's report: renders become `Rendered`, other values stay as sent."""
+    returns = ENDPOINTS[walker].returns
+    if returns == "render":
+        return Rendered.from_report
+    if returns == "renders":
+        return lambda reports: [Rendered.from_report(r) for r in reports or []]
+    return lambda report: report
+
+
+class _Connection(EndpointMethods):
+    """What both clients hold: the HTTP client, the token, and the login to renew it with.
+    `_call` (from `EndpointMethods`) is synchronous in `Client`, a coroutine in `AsyncClient`."""
 
     def __init__(self, http: Any, token: str | None) -> None:
         self.http = http
         self.token = token
         # (username, password) after a login, to renew a refused token once.
         self._password: tuple[str, str] | None = None
-
-    def _call(self, walker: str, body: dict) -> Any:
-        raise NotImplementedError
-
-    def _then(self, pending: Any, convert: Callable[[Any], Any]) -> Any:
-        raise NotImplementedError
-
-    def ingest(self, session_id: str, messages: list[dict], *, append: bool = False) -> Any:
-        """Add the unseen events of `messages` to the session (created on first use)."""
-        return self._call("ingest_events", {"session_id": session_id, "messages": messages, "append": append})
-
-    def render(self, session_id: str, messages: list[dict] | None = None, *, budget: int, selector: str = "",
-               explain: bool = False, **params: Any) -> Any:
-        """Ingest what is new in `messages`, then render the history within `budget` tokens."""
-        body = {"session_id": session_id, "messages": messages or [], "budget": budget, "selector": selector,
-                "params": params, "include_decisions": explain}
-        return self._then(self._call("render_context", body), Rendered.from_report)
-
-    def explain(self, session_id: str) -> Any:
-        """The session's last render with its per-result decisions."""
-        return self._then(self._call("explain_render", {"session_id": session_id}), Rendered.from_report)
-
-    def configure(self, session_id: str, **params: Any) -> Any:
-        return self._call("configure_session", {"session_id": session_id, "params": params})
-
-    def get_session(self, session_id: str, *, include_messages: bool = False) -> Any:
-        return self._call("get_session", {"session_id": session_id, "include_messages": include_messages})
-
-    def list_sessions(self) -> Any:
-        return self._call("list_sessions", {})
-
-    def delete_session(self, session_id: str) -> Any:
-        return self._call("delete_session", {"session_id": session_id})
-
-    def export_graph(self, session_id: str, *, format: str = "json", limit: int = 2000) -> Any:
-        return self._call("export_graph", {"session_id": session_id, "format": format, "limit": limit})
-
-    def health(self) -> Any:
-        return self._call("health", {})
 
     def _headers(self) -> dict:
         return {"Authorization": f"Bearer {self.token}"} if self.token else {}
@@ -168,7 +140,7 @@ class _Endpoints:
         return response.status_code == 401 and self._password is not None
 
 
-class Client(_Endpoints):
+class Client(_Connection):
     """Synchronous client; thread-safe (httpx.Client is)."""
 
     def __init__(self, base_url: str | None = None, *, token: str | None = None, timeout: float = 120.0,
@@ -196,18 +168,15 @@ class Client(_Endpoints):
         self._password = (username, password)
         return self.token
 
-    def _call(self, walker: str, body: dict) -> Any:
-        response = self.http.post(f"/walker/{walker}", json=body, headers=self._headers())
+    def _call(self, walker: str, **fields: Any) -> Any:
+        response = self.http.post(f"/walker/{walker}", json=fields, headers=self._headers())
         if self._may_log_in_again(response):
             self.login(*self._password)
-            response = self.http.post(f"/walker/{walker}", json=body, headers=self._headers())
-        return _report(response)
-
-    def _then(self, pending: Any, convert: Callable[[Any], Any]) -> Any:
-        return convert(pending)
+            response = self.http.post(f"/walker/{walker}", json=fields, headers=self._headers())
+        return _reading(walker)(_report(response))
 
 
-class AsyncClient(_Endpoints):
+class AsyncClient(_Connection):
     """The same client for asyncio code; every endpoint method is a coroutine."""
 
     def __init__(self, base_url: str | None = None, *, token: str | None = None, timeout: float = 120.0,
@@ -232,12 +201,9 @@ class AsyncClient(_Endpoints):
         self._password = (username, password)
         return self.token
 
-    async def _call(self, walker: str, body: dict) -> Any:
-        response = await self.http.post(f"/walker/{walker}", json=body, headers=self._headers())
+    async def _call(self, walker: str, **fields: Any) -> Any:
+        response = await self.http.post(f"/walker/{walker}", json=fields, headers=self._headers())
         if self._may_log_in_again(response):
             await self.login(*self._password)
-            response = await self.http.post(f"/walker/{walker}", json=body, headers=self._headers())
-        return _report(response)
-
-    async def _then(self, pending: Any, convert: Callable[[Any], Any]) -> Any:
-        return convert(await pending)
+            response = await self.http.post(f"/walker/{walker}", json=fields, headers=self._headers())
+        return _reading(walker)(_report(response))

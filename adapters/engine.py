@@ -14,29 +14,19 @@ from jaclang.jac0core.runtime import JacRuntime, JacUtils
 from jaclang.lib import spawn
 from jaclang.runtimelib.exceptions import WriteConflict
 
-from engine.config import RenderConfig
-from engine.errors import ContextRenderError, HistoryConflict, InvalidRequest, UnknownSession
-from engine.plan import RenderResult, ResultDecision
-from walkers.ingest import IngestSummary, ingest_events
-from walkers.render import configure_session, explain_render, render_context, render_variants
-from walkers.sessions import delete_session, export_graph, get_session, list_sessions
+from contextrender_adapters import core
+from contextrender_adapters.endpoints import ENDPOINTS, EndpointMethods
 
 DEFAULT_STORE = os.environ.get("CONTEXTRENDER_STORE", ".contextrender")
 # A call that loses a race for a shared node (jaclang's optimistic concurrency) runs again,
 # on the graph as the winner left it, at most this many times in all.
 MAX_ATTEMPTS = 5
 
-__all__ = [
-    "Engine",
-    "ContextRenderError",
-    "InvalidRequest",
-    "UnknownSession",
-    "HistoryConflict",
-    "IngestSummary",
-    "RenderConfig",
-    "RenderResult",
-    "ResultDecision",
-]
+# The endpoint walkers, loaded with this module: the Jac modules take seconds to load, which
+# belongs to start-up (the proxy's, a replay's), not to the first call.
+WALKERS = {name: getattr(core, name) for name in ENDPOINTS}
+
+__all__ = ["Engine", "DEFAULT_STORE"]
 
 
 class SessionLocks:
@@ -66,9 +56,11 @@ class SessionLocks:
         return len(self._entries)
 
 
-class Engine:
+class Engine(EndpointMethods):
     """ContextRender on a local graph store (SQLite under `store`/.jac/data).
 
+    Every endpoint is a method (adapters/endpoints.py): `ingest` reports an IngestSummary,
+    `render`, `explain` and `render_variants` RenderResults, `configure` the RenderConfig.
     Every call is committed before it returns, so what a call acknowledged survives a crash.
     One engine is safe to share between threads: calls on the same session take turns, calls on
     different sessions run side by side.
@@ -103,6 +95,10 @@ class Engine:
             self._keepalive.close()
             self._keepalive = None
 
+    def _call(self, walker: str, **fields: Any) -> Any:
+        session_id = fields.get("session_id")
+        return self._run(lambda: WALKERS[walker](**fields), session_id)
+
     def _run(self, build: Callable[[], Any], session_id: str | None = None) -> Any:
         """Run the endpoint walker `build()` makes on the store, in a fresh execution context (like a
         server request: its commit scans only the nodes this call loaded or made, not every node
@@ -115,7 +111,7 @@ class Engine:
                     return self._attempt(build())
                 except WriteConflict:
                     if attempt == MAX_ATTEMPTS:
-                        raise ContextRenderError(
+                        raise core.ContextRenderError(
                             f"the store kept changing under this call ({MAX_ATTEMPTS} attempts); retry it"
                         ) from None
         raise AssertionError("unreachable")
@@ -140,7 +136,7 @@ class Engine:
             if applied and applied[-1].conflicts:
                 raise applied[-1].conflicts[0]  # a lost race: run again on the winner's graph
             if applied and applied[-1].failed:
-                raise ContextRenderError(f"the store did not take this call's writes: {next(iter(applied[-1].failed.values()))}")
+                raise core.ContextRenderError(f"the store did not take this call's writes: {next(iter(applied[-1].failed.values()))}")
             if applied:
                 # Everything this call changed is stored: closing need not hash every node it
                 # loaded again to look for changes (a third of the commit's time on ingestion).
@@ -157,63 +153,3 @@ class Engine:
         finally:
             JacRuntime.reset_request_context(token)
         return done.reports[0]
-
-    def ingest(self, session_id: str, messages: list[dict], *, append: bool = False) -> IngestSummary:
-        """Add the unseen events of `messages` (the whole list so far, or only new ones with
-        `append=True`) to the session, creating it on first use."""
-        return self._run(lambda: ingest_events(session_id=session_id, messages=messages, append=append), session_id)
-
-    def render(
-        self,
-        session_id: str,
-        messages: list[dict] | None = None,
-        *,
-        budget: int,
-        selector: str = "",
-        explain: bool = False,
-        **params: Any,
-    ) -> RenderResult:
-        """Ingest what is new in `messages`, then render the history for the next model call
-        within `budget` tokens. `params` override any RenderConfig field for this call."""
-        return self._run(
-            lambda: render_context(
-                session_id=session_id,
-                messages=messages or [],
-                budget=budget,
-                selector=selector,
-                params=params,
-                include_decisions=explain,
-            ),
-            session_id,
-        )
-
-    def render_variants(
-        self, session_id: str, variants: list[dict[str, Any]], *, explain: bool = False
-    ) -> list[RenderResult]:
-        """Render the stored history once per variant (RenderConfig settings plus `budget`),
-        in one call: how a replay compares selectors and budgets at each turn."""
-        return self._run(lambda: render_variants(session_id=session_id, variants=variants, include_decisions=explain), session_id)
-
-    def explain(self, session_id: str) -> RenderResult:
-        """The last render of a session with its per-result decisions."""
-        return self._run(lambda: explain_render(session_id=session_id), session_id)
-
-    def configure(self, session_id: str, **params: Any) -> RenderConfig:
-        """Set a session's render settings (kept in the graph)."""
-        return self._run(lambda: configure_session(session_id=session_id, params=params), session_id)
-
-    def get_session(self, session_id: str, *, include_messages: bool = False) -> dict:
-        """A session's counts, tokens, settings and last render (and its messages if asked)."""
-        return self._run(lambda: get_session(session_id=session_id, include_messages=include_messages), session_id)
-
-    def list_sessions(self) -> list[dict]:
-        """Every session in the store, oldest first."""
-        return self._run(list_sessions)
-
-    def delete_session(self, session_id: str) -> dict:
-        """Delete a session and everything stored under it."""
-        return self._run(lambda: delete_session(session_id=session_id), session_id)
-
-    def export_graph(self, session_id: str, *, format: str = "json", limit: int = 2000) -> dict:
-        """The session graph as JSON (nodes, edges) or as Graphviz DOT (key "dot")."""
-        return self._run(lambda: export_graph(session_id=session_id, format=format, limit=limit), session_id)

@@ -1,17 +1,25 @@
-"""A scripted OpenAI-compatible server for tests and benchmarks, and a helper that serves any ASGI
-app on a free loopback port from a background thread.
+"""A scripted server speaking OpenAI chat completions, OpenAI Responses and Anthropic Messages,
+for tests and benchmarks, and a helper that serves any ASGI app on a free loopback port from a
+background thread.
 
     with FakeUpstream() as upstream:          # http://127.0.0.1:<port>/v1
-        upstream.enqueue(content="hello")     # next answer (default: a canned one)
+        upstream.enqueue(content="hello")     # next answer (default: a canned one), any protocol
         ...                                   # point a client or the proxy at upstream.base_url
         upstream.requests[-1].json            # what it received, headers included
 
 Streaming answers (`"stream": true`) are cut into several SSE chunks; the exact bytes sent are kept
 in `Recorded.sent`, so a test can compare them with what a client got through the proxy.
+
+Like the real services, `/v1/messages` refuses (400, Anthropic's error shape) a request whose
+`tool_use` blocks are not answered by `tool_result` blocks in the next turn, or whose thinking
+blocks do not carry the signature it gave them; `/v1/responses` one whose function calls and
+outputs do not pair up. Usage is reported with input tokens = request bytes / 4.
 """
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import json
 import socket
 import threading
@@ -24,7 +32,7 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-__all__ = ["FakeUpstream", "LoopbackServer", "Recorded", "free_port"]
+__all__ = ["FakeUpstream", "LoopbackServer", "Recorded", "free_port", "signature"]
 
 
 def free_port() -> int:
@@ -78,6 +86,59 @@ class _Script:
     content: str | None = "Done."
     tool_calls: list[dict] = field(default_factory=list)
     status: int = 200
+    # Reasoning shown before the answer: an Anthropic thinking block, a Responses reasoning item.
+    thinking: str | None = None
+
+
+def signature(thinking: str) -> str:
+    """The signature the fake gives a thinking block (and checks when it comes back)."""
+    return base64.b64encode(hashlib.sha256(thinking.encode()).digest()).decode()
+
+
+def _sse(event: str, data: dict) -> bytes:
+    return f"event: {event}\ndata: {json.dumps(data)}\n\n".encode()
+
+
+def _messages_problem(body: dict) -> str:
+    """What Anthropic would refuse in a request's turns ("" for nothing)."""
+    turns = body.get("messages") or []
+    for (k, turn) in enumerate(turns):
+        blocks = turn.get("content") if isinstance(turn.get("content"), list) else []
+        for block in blocks:
+            if block.get("type") == "thinking" and block.get("signature") != signature(block.get("thinking", "")):
+                return f"messages.{k}: Invalid `signature` in `thinking` block"
+        calls = [b["id"] for b in blocks if b.get("type") == "tool_use"]
+        following = turns[k + 1] if k + 1 < len(turns) else None
+        if calls and following is not None:
+            answered = [b.get("tool_use_id") for b in following.get("content") or [] if isinstance(b, dict) and b.get("type") == "tool_result"]
+            if following.get("role") != "user" or set(calls) - set(answered):
+                return f"messages.{k}: `tool_use` ids were found without `tool_result` blocks immediately after: {sorted(set(calls) - set(answered))}"
+        previous = turns[k - 1] if k > 0 else None
+        results = [b.get("tool_use_id") for b in blocks if b.get("type") == "tool_result"]
+        called = [b.get("id") for b in (previous or {}).get("content") or [] if isinstance(b, dict) and b.get("type") == "tool_use"] if previous else []
+        if set(results) - set(called):
+            return f"messages.{k}: unexpected `tool_use_id` found in `tool_result` blocks: {sorted(set(results) - set(called))}"
+    markers = sum(1 for t in turns for b in (t.get("content") if isinstance(t.get("content"), list) else []) if b.get("cache_control"))
+    markers += sum(1 for b in body.get("system") or [] if isinstance(b, dict) and b.get("cache_control"))
+    markers += sum(1 for b in body.get("tools") or [] if isinstance(b, dict) and b.get("cache_control"))
+    if markers > 4:
+        return f"A maximum of 4 blocks with cache_control may be provided. Found {markers}."
+    return ""
+
+
+def _responses_problem(body: dict) -> str:
+    items = body.get("input") if isinstance(body.get("input"), list) else []
+    called: set = set()
+    for (i, item) in enumerate(items):
+        if item.get("type") == "function_call":
+            called.add(item["call_id"])
+        elif item.get("type") == "function_call_output":
+            if item.get("call_id") not in called:
+                return f"No tool call found for function call output with call_id {item.get('call_id')}."
+            called.discard(item["call_id"])
+    if called:
+        return f"No tool output found for function call {sorted(called)[0]}."
+    return ""
 
 
 class FakeUpstream:
@@ -99,9 +160,11 @@ class FakeUpstream:
 
     # -- scripting
 
-    def enqueue(self, content: str | None = "Done.", tool_calls: list[dict] | None = None, status: int = 200) -> None:
-        """The next answer: assistant text and/or tool calls (OpenAI shape), or an error status."""
-        self._scripts.append(_Script(content, list(tool_calls or []), status))
+    def enqueue(self, content: str | None = "Done.", tool_calls: list[dict] | None = None, status: int = 200,
+                thinking: str | None = None) -> None:
+        """The next answer: assistant text and/or tool calls (OpenAI shape, rendered in the
+        protocol asked), reasoning before them, or an error status."""
+        self._scripts.append(_Script(content, list(tool_calls or []), status, thinking))
 
     @property
     def base_url(self) -> str:
@@ -139,43 +202,32 @@ class FakeUpstream:
 
         @app.post("/v1/chat/completions")
         async def chat(request: Request) -> Response:
-            start = time.perf_counter()
-            body = await request.body()
-            record = Recorded("POST", request.url.path, dict(request.headers), body)
-            self.requests.append(record)
-            number, script = self._next()
-            payload = json.loads(body)
-            model = payload.get("model", "fake-model")
-            if script.status != 200:
-                record.handling_s = time.perf_counter() - start
-                error = {"error": {"message": "scripted failure", "type": "fake_error", "code": script.status}}
-                return JSONResponse(error, status_code=script.status)
-            if payload.get("stream"):
-                chunks = self._chunks(number, model, script)
-                record.sent = b"".join(chunks)
-                record.handling_s = time.perf_counter() - start
+            return await self._conversation(
+                request, lambda payload: "",
+                lambda message, status: {"error": {"message": message, "type": "fake_error", "code": status}},
+                self._completion, lambda number, script, answer: self._chunks(number, answer["model"], script),
+            )
 
-                async def emit():
-                    for chunk in chunks:
-                        yield chunk
+        @app.post("/v1/messages")
+        async def messages(request: Request) -> Response:
+            return await self._conversation(
+                request, _messages_problem,
+                lambda message, status: {"type": "error", "error": {"type": "invalid_request_error" if status == 400 else "api_error", "message": message}},
+                self._message, lambda number, script, answer: self._message_events(answer),
+            )
 
-                return StreamingResponse(emit(), media_type="text/event-stream", headers={"x-fake-upstream": str(number)})
-            message: dict[str, Any] = {"role": "assistant", "content": script.content, "refusal": None}
-            if script.tool_calls:
-                message["tool_calls"] = script.tool_calls
-            answer = {
-                "id": f"chatcmpl-fake-{number}", "object": "chat.completion", "created": 0, "model": model,
-                "choices": [{"index": 0, "message": message, "finish_reason": "tool_calls" if script.tool_calls else "stop"}],
-                "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
-            }
-            record.sent = json.dumps(answer).encode()
-            record.handling_s = time.perf_counter() - start
-            return Response(record.sent, media_type="application/json", headers={"x-fake-upstream": str(number)})
+        @app.post("/v1/responses")
+        async def responses(request: Request) -> Response:
+            return await self._conversation(
+                request, _responses_problem,
+                lambda message, status: {"error": {"message": message, "type": "invalid_request_error", "param": None, "code": None}},
+                self._response, lambda number, script, answer: self._response_events(answer),
+            )
 
         @app.get("/_fake/last")
-        async def last() -> Response:
-            # The body of the last chat request, for benchmarks that replay it directly.
-            chats = [r for r in self.requests if r.path == "/v1/chat/completions"]
+        async def last(path: str = "/v1/chat/completions") -> Response:
+            # The body of the last request to `path`, for benchmarks that replay it directly.
+            chats = [r for r in self.requests if r.path == path]
             return Response(chats[-1].body if chats else b"{}", media_type="application/json")
 
         @app.api_route("/{path:path}", methods=["GET", "POST", "PUT", "PATCH", "DELETE"])
@@ -184,6 +236,128 @@ class FakeUpstream:
             return JSONResponse({"error": {"message": f"no route {request.url.path}", "type": "invalid_request_error"}}, status_code=404)
 
         return app
+
+    async def _conversation(self, request: Request, problem_of: Any, error_of: Any, answer_of: Any, events_of: Any) -> Response:
+        """One conversation request: checked as the real service would (`problem_of`), answered
+        with the next script in the protocol's shape, whole or as events."""
+        start = time.perf_counter()
+        body = await request.body()
+        record = Recorded("POST", request.url.path, dict(request.headers), body)
+        self.requests.append(record)
+        payload = json.loads(body)
+        problem = problem_of(payload)
+        number, script = self._next() if not problem else (0, _Script(status=400))
+        if script.status != 200:
+            record.handling_s = time.perf_counter() - start
+            return JSONResponse(error_of(problem or "scripted failure", script.status), status_code=script.status)
+        answer = answer_of(number, script, payload, len(body))
+        if payload.get("stream"):
+            return self._stream(record, start, events_of(number, script, answer), number)
+        record.sent = json.dumps(answer).encode()
+        record.handling_s = time.perf_counter() - start
+        return Response(record.sent, media_type="application/json", headers={"x-fake-upstream": str(number)})
+
+    def _completion(self, number: int, script: _Script, payload: dict, size: int) -> dict:
+        message: dict[str, Any] = {"role": "assistant", "content": script.content, "refusal": None}
+        if script.tool_calls:
+            message["tool_calls"] = script.tool_calls
+        return {
+            "id": f"chatcmpl-fake-{number}", "object": "chat.completion", "created": 0, "model": payload.get("model", "fake-model"),
+            "choices": [{"index": 0, "message": message, "finish_reason": "tool_calls" if script.tool_calls else "stop"}],
+            "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
+        }
+
+    def _message(self, number: int, script: _Script, payload: dict, size: int) -> dict:
+        usage = {"input_tokens": size // 4, "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0, "output_tokens": 7}
+        return {"id": f"msg_fake_{number}", "type": "message", "role": "assistant", "model": payload.get("model", "fake-model"),
+                "content": self._blocks(script), "stop_reason": "tool_use" if script.tool_calls else "end_turn",
+                "stop_sequence": None, "usage": usage}
+
+    def _response(self, number: int, script: _Script, payload: dict, size: int) -> dict:
+        return {
+            "id": f"resp_fake_{number}", "object": "response", "created_at": 0, "status": "completed",
+            "model": payload.get("model", "fake-model"), "output": self._items(number, script),
+            "parallel_tool_calls": True, "tool_choice": "auto", "tools": [],
+            "usage": {"input_tokens": size // 4, "input_tokens_details": {"cached_tokens": 0},
+                      "output_tokens": 7, "output_tokens_details": {"reasoning_tokens": 0}, "total_tokens": size // 4 + 7},
+        }
+
+    def _stream(self, record: Recorded, start: float, chunks: list[bytes], number: int) -> StreamingResponse:
+        record.sent = b"".join(chunks)
+        record.handling_s = time.perf_counter() - start
+
+        async def emit():
+            for chunk in chunks:
+                yield chunk
+
+        return StreamingResponse(emit(), media_type="text/event-stream", headers={"x-fake-upstream": str(number)})
+
+    def _pieces(self, text: str) -> list[str]:
+        return [text[i : i + self._chunk_chars] for i in range(0, len(text), self._chunk_chars)]
+
+    def _blocks(self, script: _Script) -> list[dict]:
+        blocks: list[dict] = []
+        if script.thinking is not None:
+            blocks.append({"type": "thinking", "thinking": script.thinking, "signature": signature(script.thinking)})
+        if script.content:
+            blocks.append({"type": "text", "text": script.content})
+        for call in script.tool_calls:
+            blocks.append({"type": "tool_use", "id": call["id"], "name": call["function"]["name"],
+                           "input": json.loads(call["function"].get("arguments") or "{}")})
+        return blocks
+
+    def _message_events(self, message: dict) -> list[bytes]:
+        start = dict(message, content=[], stop_reason=None, usage=dict(message["usage"], output_tokens=1))
+        events = [_sse("message_start", {"type": "message_start", "message": start}), _sse("ping", {"type": "ping"})]
+        for (index, block) in enumerate(message["content"]):
+            kind = block["type"]
+            empty = {"text": {"type": "text", "text": ""}, "thinking": {"type": "thinking", "thinking": "", "signature": ""},
+                     "tool_use": dict(block, input={})}[kind]
+            events.append(_sse("content_block_start", {"type": "content_block_start", "index": index, "content_block": empty}))
+            if kind == "text":
+                deltas = [{"type": "text_delta", "text": piece} for piece in self._pieces(block["text"])]
+            elif kind == "thinking":
+                deltas = [{"type": "thinking_delta", "thinking": piece} for piece in self._pieces(block["thinking"])]
+                deltas.append({"type": "signature_delta", "signature": block["signature"]})
+            else:
+                deltas = [{"type": "input_json_delta", "partial_json": piece} for piece in self._pieces(json.dumps(block["input"]))]
+            for delta in deltas:
+                events.append(_sse("content_block_delta", {"type": "content_block_delta", "index": index, "delta": delta}))
+            events.append(_sse("content_block_stop", {"type": "content_block_stop", "index": index}))
+        events.append(_sse("message_delta", {"type": "message_delta", "delta": {"stop_reason": message["stop_reason"], "stop_sequence": None},
+                                             "usage": {"output_tokens": message["usage"]["output_tokens"]}}))
+        events.append(_sse("message_stop", {"type": "message_stop"}))
+        return events
+
+    def _items(self, number: int, script: _Script) -> list[dict]:
+        items: list[dict] = []
+        if script.thinking is not None:
+            items.append({"id": f"rs_fake_{number}", "type": "reasoning", "summary": [{"type": "summary_text", "text": script.thinking}],
+                          "encrypted_content": signature(script.thinking)})
+        if script.content:
+            items.append({"id": f"msg_fake_{number}", "type": "message", "role": "assistant", "status": "completed",
+                          "content": [{"type": "output_text", "text": script.content, "annotations": []}]})
+        for call in script.tool_calls:
+            items.append({"id": f"fc_{call['id']}", "type": "function_call", "status": "completed", "call_id": call["id"],
+                          "name": call["function"]["name"], "arguments": call["function"].get("arguments") or "{}"})
+        return items
+
+    def _response_events(self, response: dict) -> list[bytes]:
+        sequence = iter(range(10_000))
+        pending = dict(response, status="in_progress", output=[], usage=None)
+        events = [_sse("response.created", {"type": "response.created", "sequence_number": next(sequence), "response": pending})]
+        for (index, item) in enumerate(response["output"]):
+            events.append(_sse("response.output_item.added", {"type": "response.output_item.added", "sequence_number": next(sequence),
+                                                              "output_index": index, "item": item}))
+            if item["type"] == "message":
+                for piece in self._pieces(item["content"][0]["text"]):
+                    events.append(_sse("response.output_text.delta", {
+                        "type": "response.output_text.delta", "sequence_number": next(sequence), "item_id": item["id"],
+                        "output_index": index, "content_index": 0, "delta": piece, "logprobs": []}))
+            events.append(_sse("response.output_item.done", {"type": "response.output_item.done", "sequence_number": next(sequence),
+                                                             "output_index": index, "item": item}))
+        events.append(_sse("response.completed", {"type": "response.completed", "sequence_number": next(sequence), "response": response}))
+        return events
 
     def _chunks(self, number: int, model: str, script: _Script) -> list[bytes]:
         def frame(delta: dict, finish: str | None = None) -> bytes:

@@ -1,23 +1,33 @@
-"""The OpenAI-compatible proxy: it renders the history of every chat-completions request within
-the budget before forwarding it upstream, and passes everything else through unchanged.
+"""The proxy: it renders the history of every conversation request within the budget before
+forwarding it upstream, and passes everything else through unchanged.
 
     contextrender proxy --upstream https://api.openai.com/v1 --budget 6000 --port 8800
 
-Requests to `/v1/<path>` go to `<upstream>/<path>` (the upstream is a base URL as an OpenAI client
-takes it, `/v1` included); other paths are appended to the upstream URL as they are.
+Requests to `/v1/<path>` go to `<upstream>/<path>` (the upstream is a base URL as an OpenAI or
+Anthropic client takes it, `/v1` included); other paths are appended to the upstream URL as they are.
 
-For `POST /v1/chat/completions` the proxy
+Three protocols are managed, each by a format layer that converts its request to the engine's
+message normal form (OpenAI chat-completions messages) and the rendered history back:
+`POST /v1/chat/completions` (here), `POST /v1/messages` (Anthropic, `anthropic.py`) and
+`POST /v1/responses` (OpenAI Responses, `responses.py`). For each, the proxy
 1. names the session: the `X-ContextRender-Session` header, else a hash of the conversation's
    stable prefix (`derive_session`);
 2. asks the backend (the in-process `Engine`, or a `Client` of a running server) to ingest the
-   message list and render it within the budget, and replaces `messages` with the rendered list;
-   every other field of the body, and every header but the session header, is forwarded as is;
-3. returns the upstream's answer unchanged: status, headers and body bytes, streamed chunk by chunk
-   when the upstream streams;
-4. ingests the answer's assistant message into the session once the answer is complete.
+   conversation and render it within the budget (`X-ContextRender-Budget` and
+   `X-ContextRender-Selector` override the proxy's for one request), and forwards the request
+   rebuilt around the rendered history; every other field, and every header but ContextRender's
+   own, is forwarded as is;
+3. returns the upstream's answer unchanged (status, headers and body bytes, streamed chunk by chunk
+   when the upstream streams) with the render's summary in `X-ContextRender-*` headers;
+4. ingests the answer into the session once it is complete, with the usage the upstream reported.
 
-If the backend fails, the proxy logs it and forwards the original request (fail-open), unless it
-was created with `fail_closed=True`: then it answers with the error (the engine's 4xx status, or 502).
+If the backend fails, the proxy logs it once per session and forwards the original request
+(fail-open), unless it was created with `fail_closed=True`: then it answers with the error (the
+engine's 4xx status, or 502). Every chat-completions answer says which happened in the header
+`X-ContextRender-Status`: `managed`, or `unmanaged; reason=<why>`.
+
+The upstream must answer within `upstream_timeout` seconds of silence (504 otherwise); a
+non-streamed answer cut short is a 502; when the client leaves, the upstream call is cancelled.
 """
 
 from __future__ import annotations
@@ -30,9 +40,8 @@ import json
 import logging
 import os
 import re
-import zlib
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any, Protocol
 
 import httpx
@@ -41,14 +50,25 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.background import BackgroundTask
 from starlette.concurrency import run_in_threadpool
 
-from engine.index import cache_bytes_setting
-from engine.measure import content_text
+from contextrender_adapters import anthropic, core, responses
+from contextrender_adapters.core import InvalidRequest, UnknownSession, cache_bytes_setting, content_text, get_tokenizer
+from contextrender_adapters.formats import openai_usage
+from contextrender_adapters.streams import Decoder, StreamAnswer, body_answer
 
-__all__ = ["Backend", "create_app", "derive_session", "register", "SESSION_HEADER"]
+__all__ = ["Backend", "create_app", "derive_session", "register", "SESSION_HEADER", "STATUS_HEADER"]
 
 log = logging.getLogger("contextrender.proxy")
 
 SESSION_HEADER = "x-contextrender-session"
+STATUS_HEADER = "x-contextrender-status"
+# Seconds the upstream may stay silent (before its headers, or between two chunks) before a 504.
+DEFAULT_UPSTREAM_TIMEOUT = 600.0
+BUDGET_HEADER = "x-contextrender-budget"
+SELECTOR_HEADER = "x-contextrender-selector"
+# Why a conversation request was forwarded without a render (absent when it was rendered).
+UNMANAGED_HEADER = "x-contextrender-unmanaged"
+# ContextRender's own request headers: read by the proxy, never forwarded.
+_OWN_HEADERS = "x-contextrender-"
 _DIGITS = re.compile(r"\d+")
 # Engine errors that are the request's fault (malformed messages, a rewrite refused, too large).
 _REQUEST_FAULTS = {400, 409, 413, 422}
@@ -61,7 +81,7 @@ STATE_BYTES = 600
 # Hop-by-hop headers (RFC 9110 7.6.1) and the ones the HTTP layer recomputes.
 _REQUEST_SKIP = {
     "host", "content-length", "connection", "keep-alive", "transfer-encoding", "te", "trailer",
-    "upgrade", "proxy-authorization", "proxy-connection", SESSION_HEADER,
+    "upgrade", "proxy-authorization", "proxy-connection",
 }
 _RESPONSE_SKIP = {"content-length", "connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade"}
 
@@ -71,7 +91,60 @@ class Backend(Protocol):
 
     def render(self, session_id: str, messages: list[dict], *, budget: int, selector: str = "", **params: Any) -> Any: ...
 
-    def ingest(self, session_id: str, messages: list[dict], *, append: bool = False) -> Any: ...
+    def ingest(self, session_id: str, messages: list[dict], *, append: bool = False, usage: dict | None = None) -> Any: ...
+
+    def get_session(self, session_id: str) -> dict: ...
+
+    def configure(self, session_id: str, **params: Any) -> Any: ...
+
+
+class Exchange(Protocol):
+    """One conversation request of a protocol, parsed by its format layer."""
+
+    # The conversation in the engine's normal form (chat-completions messages), system first.
+    messages: list[dict]
+    model: str
+    # The request's tool definitions (counted in the input estimate), or None.
+    tools: Any
+    # Why the request cannot be managed ("" when it can): forwarded as is, with a warning.
+    unmanaged: str
+
+    def build(self, rendered: list[dict], prepared: list[dict], previous: Any) -> tuple[dict, Any]:
+        """The request body to forward, around the `rendered` history (`prepared` is the message
+        list the engine was given, position for position `messages`), and what to remember
+        for the session's next request (`previous` is what the last one remembered)."""
+        ...
+
+
+class StreamReader(Protocol):
+    """Reads a streamed answer as it is relayed."""
+
+    done: bool
+    usage: dict
+
+    def feed(self, data: bytes) -> None: ...
+
+    def answer(self) -> dict | None:
+        """The answer in normal form (None when it cannot be rebuilt)."""
+        ...
+
+
+class Format(Protocol):
+    """A protocol's format layer."""
+
+    def parse(self, body: dict) -> Exchange | None:
+        """None: not a conversation this layer reads (forwarded as is; the upstream judges it)."""
+        ...
+
+    def answer(self, body: bytes) -> tuple[dict | None, dict]:
+        """A whole (non-streamed) answer: the message in normal form, and the usage reported."""
+        ...
+
+    def reader(self) -> StreamReader: ...
+
+    def error(self, status: int, message: str, kind: str) -> dict:
+        """An error body in the protocol's shape."""
+        ...
 
 
 # ---------------------------------------------------------------- sessions
@@ -140,97 +213,57 @@ def _normal(message: Any) -> Any:
     return out
 
 
-# ---------------------------------------------------------------- the answer, from a body or a stream
+# ---------------------------------------------------------------- chat completions, the format layer
 
 
-class _Decoder:
-    """Decodes a (possibly compressed) upstream body so the answer can be read; the bytes sent
-    to the client are never touched."""
+class _ChatStream(StreamAnswer):
+    """streams.StreamAnswer with what the format layers give: the answer in normal form and the
+    usage of the last chunk (sent with `stream_options.include_usage`)."""
 
-    def __init__(self, encoding: str) -> None:
-        encoding = encoding.strip().lower()
-        self.ok = encoding in ("", "identity", "gzip", "deflate")
-        self._z = None
-        if encoding == "gzip":
-            self._z = zlib.decompressobj(16 + zlib.MAX_WBITS)
-        elif encoding == "deflate":
-            self._z = zlib.decompressobj()
-
-    def feed(self, chunk: bytes) -> bytes:
-        return self._z.decompress(chunk) if self._z else chunk
-
-
-class _StreamAnswer:
-    """Rebuilds the assistant message from chat-completions SSE chunks (choice 0)."""
-
-    def __init__(self) -> None:
-        self._buffer = b""
-        self.message: dict[str, Any] = {"role": "assistant"}
-        self._texts: dict[str, list[str]] = {}
-        self._calls: dict[int, dict] = {}
-        self.choices: set[int] = set()
-        self.done = False
-        self.broken = False
-
-    def feed(self, data: bytes) -> None:
-        self._buffer += data
-        *lines, self._buffer = self._buffer.split(b"\n")
-        for line in lines:
-            line = line.strip()
-            if not line.startswith(b"data:"):
-                continue
-            payload = line[5:].strip()
-            if payload == b"[DONE]":
-                self.done = True
-                continue
-            try:
-                chunk = json.loads(payload)
-                for choice in chunk.get("choices") or []:
-                    self._choice(choice)
-            except (ValueError, AttributeError, TypeError):
-                self.broken = True
-
-    def _choice(self, choice: dict) -> None:
-        self.choices.add(choice.get("index", 0))
-        if choice.get("index", 0) != 0:
-            return
-        delta = choice.get("delta") or {}
-        for key, value in delta.items():
-            if key == "tool_calls":
-                for part in value or []:
-                    call = self._calls.setdefault(
-                        part.get("index", 0), {"id": "", "type": "function", "function": {"name": "", "arguments": ""}}
-                    )
-                    call["id"] = part.get("id") or call["id"]
-                    call["type"] = part.get("type") or call["type"]
-                    function = part.get("function") or {}
-                    call["function"]["name"] += function.get("name") or ""
-                    call["function"]["arguments"] += function.get("arguments") or ""
-            elif key == "role":
-                self.message["role"] = value or "assistant"
-            elif isinstance(value, str):
-                self._texts.setdefault(key, []).append(value)
+    @property
+    def usage(self) -> dict:
+        return _chat_usage(self.reported_usage)
 
     def answer(self) -> dict | None:
-        if self.broken or len(self.choices) != 1 or not (self._texts or self._calls):
-            return None
-        message = dict(self.message)
-        for key, parts in self._texts.items():
-            message[key] = "".join(parts)
-        message.setdefault("content", None)
-        if self._calls:
-            message["tool_calls"] = [self._calls[i] for i in sorted(self._calls)]
-        return _normal(message)
+        answer = super().answer()
+        return _normal(answer) if answer else None
 
 
-def _body_answer(body: bytes) -> dict | None:
-    try:
-        choices = json.loads(body).get("choices") or []
-    except (ValueError, AttributeError):
-        return None
-    if len(choices) != 1 or not isinstance(choices[0].get("message"), dict):
-        return None
-    return _normal(choices[0]["message"])
+def _chat_usage(usage: Any) -> dict:
+    return openai_usage(usage, "prompt_tokens", "completion_tokens")
+
+
+class _ChatExchange:
+    def __init__(self, body: dict) -> None:
+        self.body = body
+        self.messages: list[dict] = body["messages"]
+        self.model = str(body.get("model") or "")
+        self.tools = body.get("tools")
+        self.unmanaged = ""
+
+    def build(self, rendered: list[dict], prepared: list[dict], previous: Any) -> tuple[dict, Any]:
+        return dict(self.body, messages=rendered), None
+
+
+class _Chat:
+    """The chat-completions format layer: its messages are the engine's normal form already."""
+
+    def parse(self, body: dict) -> _ChatExchange | None:
+        return _ChatExchange(body) if isinstance(body.get("messages"), list) else None
+
+    def answer(self, body: bytes) -> tuple[dict | None, dict]:
+        message = body_answer(body)
+        try:
+            usage = _chat_usage(json.loads(body).get("usage"))
+        except (ValueError, AttributeError):
+            usage = {}
+        return (_normal(message) if message else None), usage
+
+    def reader(self) -> _ChatStream:
+        return _ChatStream()
+
+    def error(self, status: int, message: str, kind: str) -> dict:
+        return {"error": {"message": message, "type": kind, "code": status}}
 
 
 # ---------------------------------------------------------------- the proxy
@@ -240,6 +273,27 @@ def _raw(headers: list[tuple[str, str]]) -> list[tuple[bytes, bytes]]:
     return [(k.encode("latin-1"), v.encode("latin-1")) for (k, v) in headers]
 
 
+def model_encoding(model: str) -> str:
+    """The token encoding for a model family: Claude models get the `claude` estimate (o200k
+    scaled, see engine.measure.SCALED_ENCODINGS), GPT-4 and GPT-3.5 cl100k, others o200k."""
+    name = model.lower().rsplit("/", 1)[-1]
+    if "claude" in name:
+        return "claude"
+    if name == "gpt-4" or name.startswith(("gpt-4-", "gpt-3.5")):
+        return "cl100k_base"
+    return core.DEFAULT_ENCODING
+
+
+def _summary_headers(session_id: str, result: Any) -> list[tuple[str, str]]:
+    return [
+        ("x-contextrender-session", session_id),
+        ("x-contextrender-history-tokens", str(result.history_tokens)),
+        ("x-contextrender-kept", str(result.kept)),
+        ("x-contextrender-omitted", str(result.omitted)),
+        ("x-contextrender-folded", str(result.folded_messages)),
+    ]
+
+
 class _SessionState:
     def __init__(self) -> None:
         self.lock = asyncio.Lock()
@@ -247,16 +301,60 @@ class _SessionState:
         self.answers: dict[int, dict] = {}
         # Bytes it holds (estimated: its answers as JSON, plus STATE_BYTES).
         self.size = STATE_BYTES
+        # The encoding this process has checked the session counts with (None: not yet).
+        self.encoding: str | None = None
+        # What the format layer remembered of the last forwarded request (prompt cache placement).
+        self.previous: Any = None
+        # Token counts of the last system prompt and tool list seen (the input estimate).
+        self.counted: dict[str, tuple[str, int]] = {}
+        self.warned = False
+        # Whether its last request went upstream unmanaged (warned once until it is managed again).
+        self.unmanaged = False
 
 
 def _answer_bytes(message: dict) -> int:
     return 2 * len(json.dumps(message, ensure_ascii=False)) + STATE_BYTES
 
 
+def _error(fmt: Any, status: int, message: str, kind: str) -> JSONResponse:
+    """An error in the protocol's own shape."""
+    return JSONResponse(fmt.error(status, message, kind), status_code=status)
+
+
+class _ClientGone(Exception):
+    """The client disconnected while the proxy waited for the upstream."""
+
+
+async def _client_gone(request: Request) -> None:
+    """Returns when the client disconnects (its body is read: `receive` then waits for that)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _unless_gone(gone: asyncio.Future, work: Any) -> Any:
+    """`work`'s result, or _ClientGone (with `work` cancelled: httpx closes its connection) if the
+    client leaves first."""
+    task = asyncio.ensure_future(work)
+    await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
+    if task.done():
+        return task.result()
+    task.cancel()
+    with contextlib.suppress(BaseException):
+        await task
+    raise _ClientGone
+
+
+async def _read_all(response: httpx.Response) -> bytes:
+    return b"".join([chunk async for chunk in response.aiter_raw()])
+
+
+_CHAT = _Chat()
+
+
 class _Proxy:
     def __init__(
         self, backend: Backend, upstream: str, budget: int, selector: str, fail_closed: bool,
-        client: httpx.AsyncClient | None = None,
+        client: httpx.AsyncClient | None = None, upstream_timeout: float = DEFAULT_UPSTREAM_TIMEOUT,
     ) -> None:
         self.backend = backend
         self.upstream = upstream.rstrip("/")
@@ -264,6 +362,7 @@ class _Proxy:
         self.selector = selector or DEFAULT_SELECTOR
         self.fail_closed = fail_closed
         self.client = client
+        self.upstream_timeout = upstream_timeout
         # Per session, least recently used first: its lock, its request count, and the answers
         # the proxy stored, by their position in the message list; within `max_state_bytes`.
         self._sessions: OrderedDict[str, _SessionState] = OrderedDict()
@@ -277,23 +376,42 @@ class _Proxy:
         return self.upstream + rest + (f"?{query}" if query else "")
 
     async def forward(
-        self, request: Request, body: bytes, on_answer: Callable[[dict], BackgroundTask | None] | None = None,
+        self, request: Request, body: bytes, fmt: Format = _CHAT,
+        on_answer: Callable[[dict | None, dict], BackgroundTask | None] | None = None,
+        headers: Sequence[tuple[str, str]] = (),
     ) -> Response:
-        headers = [(k, v) for (k, v) in request.headers.items() if k.lower() not in _REQUEST_SKIP]
+        """The upstream's answer to `body`, with `headers` added. Until the answer streams, a
+        client that leaves cancels the upstream call (then StreamingResponse does: it cancels
+        `relay`)."""
+        gone = asyncio.ensure_future(_client_gone(request))
+        try:
+            return await self._forward(request, body, fmt, on_answer, headers, gone)
+        except _ClientGone:
+            log.info("client left before the upstream answered %s; upstream call cancelled", request.url.path)
+            return Response(status_code=499)
+        finally:
+            gone.cancel()
+
+    async def _forward(
+        self, request: Request, body: bytes, fmt: Format,
+        on_answer: Callable[[dict | None, dict], BackgroundTask | None] | None,
+        headers: Sequence[tuple[str, str]], gone: asyncio.Future,
+    ) -> Response:
+        sent = [(k, v) for (k, v) in request.headers.items() if k.lower() not in _REQUEST_SKIP and not k.lower().startswith(_OWN_HEADERS)]
         # A bare httpx.Request: the client's default headers (User-Agent, Accept-Encoding) would
         # otherwise be added to what the agent sent.
         upstream_request = httpx.Request(
-            request.method, self.url(request.url.path, request.url.query), headers=headers, content=body,
+            request.method, self.url(request.url.path, request.url.query), headers=sent, content=body,
         )
         try:
-            response = await self.client.send(upstream_request, stream=True)
+            response = await _unless_gone(gone, self.client.send(upstream_request, stream=True))
+        except httpx.TimeoutException as exc:
+            return self.timed_out(exc, fmt)
         except httpx.HTTPError as exc:
             log.warning("upstream %s unreachable: %s", self.upstream, exc)
-            return JSONResponse(
-                {"error": {"message": f"ContextRender proxy: upstream {self.upstream} failed: {exc}", "type": "upstream_error"}},
-                status_code=502,
-            )
-        out_headers = [(k, v) for (k, v) in response.headers.multi_items() if k.lower() not in _RESPONSE_SKIP]
+            failed = fmt.error(502, f"ContextRender proxy: upstream {self.upstream} failed: {exc}", "upstream_error")
+            return JSONResponse(failed, status_code=502, headers=dict(headers))
+        out_headers = [(k, v) for (k, v) in response.headers.multi_items() if k.lower() not in _RESPONSE_SKIP] + list(headers)
         if on_answer is None:
             # Passthrough: the bytes as they come, with the upstream's length (HEAD included).
             length = response.headers.get("content-length")
@@ -301,21 +419,25 @@ class _Proxy:
             relayed.raw_headers = _raw(out_headers + ([("content-length", length)] if length is not None else []))
             return relayed
         wants_answer = response.status_code == 200
-        decoder = _Decoder(response.headers.get("content-encoding", ""))
+        decoder = Decoder(response.headers.get("content-encoding", ""))
         if "text/event-stream" not in response.headers.get("content-type", ""):
             try:
-                raw = b"".join([chunk async for chunk in response.aiter_raw()])
+                raw = await _unless_gone(gone, _read_all(response))
+            except httpx.TimeoutException as exc:
+                return self.timed_out(exc, fmt)
+            except httpx.HTTPError as exc:
+                log.warning("upstream %s closed its answer early: %s", self.upstream, exc)
+                return _error(fmt, 502, f"ContextRender proxy: upstream {self.upstream} closed its answer before the end: {exc}", "upstream_error")
             finally:
                 await response.aclose()
-            task = None  # a chat-completions answer (JSON): read whole to ingest it
+            task = None  # an answer in JSON: read whole to ingest it
             if wants_answer and decoder.ok:
-                answer = _body_answer(decoder.feed(raw))
-                task = on_answer(answer) if answer else None
+                task = on_answer(*fmt.answer(decoder.feed(raw)))
             plain = Response(raw, status_code=response.status_code, background=task)
             plain.raw_headers = _raw(out_headers) + [(b"content-length", str(len(raw)).encode())]
             return plain
 
-        stream = _StreamAnswer()
+        stream = fmt.reader()
         tasks: list[BackgroundTask] = []
 
         async def relay() -> AsyncIterator[bytes]:
@@ -324,16 +446,18 @@ class _Proxy:
                     yield chunk
                     if wants_answer and decoder.ok:
                         stream.feed(decoder.feed(chunk))
+            except httpx.HTTPError as exc:  # headers are sent: the stream can only end early
+                log.warning("upstream %s stream ended early: %s", self.upstream, exc)
             finally:
                 await response.aclose()
             # Runs before the response's last frame is sent: the answer is recorded before the
             # agent can send its next request.
-            if wants_answer and decoder.ok and stream.done:
-                stream.feed(b"\n")
-                answer = stream.answer()
-                task = on_answer(answer) if answer else None
-                if task:
-                    tasks.append(task)
+            if wants_answer and decoder.ok:
+                stream.feed(b"\n\n")
+                if stream.done:
+                    task = on_answer(stream.answer(), stream.usage)
+                    if task:
+                        tasks.append(task)
 
         async def after() -> None:
             for task in tasks:
@@ -342,6 +466,10 @@ class _Proxy:
         streaming = StreamingResponse(relay(), status_code=response.status_code, background=BackgroundTask(after))
         streaming.raw_headers = _raw(out_headers)
         return streaming
+
+    def timed_out(self, exc: Exception, fmt: Any) -> Response:
+        log.warning("upstream %s timed out: %s", self.upstream, type(exc).__name__)
+        return _error(fmt, 504, f"ContextRender proxy: upstream {self.upstream} sent nothing for {self.upstream_timeout:g} s (--upstream-timeout)", "upstream_timeout")
 
     # -- sessions
 
@@ -393,68 +521,185 @@ class _Proxy:
             break
         return messages
 
-    def answered(self, session_id: str, turn: int, position: int) -> Callable[[dict], BackgroundTask | None]:
-        def record(message: dict) -> BackgroundTask | None:
+    def check_encoding(self, session_id: str, state: _SessionState, encoding: str) -> None:
+        """Count a new session's tokens with its model family's encoding (once per session and
+        process). A session's own setting wins, and one that already holds events keeps the
+        encoding it was counted with (its stored counts would not match)."""
+        if state.encoding == encoding:
+            return
+        try:
+            info = self.backend.get_session(session_id)
+        except UnknownSession:
+            info = {"events": 0, "config": {}}
+        chosen = info["config"].get("encoding")
+        if chosen is None and info["events"] == 0 and encoding != core.DEFAULT_ENCODING:
+            self.backend.configure(session_id, encoding=encoding)
+        elif (chosen or core.DEFAULT_ENCODING) != encoding:
+            log.warning("session %s counts tokens with %s, not %s (its model's): set on an earlier request or by configure_session",
+                        session_id, chosen or core.DEFAULT_ENCODING, encoding)
+        state.encoding = encoding
+
+    def estimate(self, state: _SessionState, encoding: str, result: Any, tools: Any) -> int:
+        """The whole input the upstream will count, estimated: system prompt, rendered history,
+        current message and tool definitions (the first and last cached per session: long and
+        mostly unchanged between calls)."""
+        tokenizer = get_tokenizer(encoding)
+        messages = list(result.messages)
+        lead = next((i for (i, m) in enumerate(messages) if m.get("role") not in ("system", "developer")), len(messages))
+        system = messages[:lead]
+        current = messages[-1:] if len(messages) > lead and messages[-1].get("role") == "user" else []
+
+        def cached(kind: str, value: Any, count: Callable[[], int]) -> int:
+            key = json.dumps(value, ensure_ascii=False, sort_keys=True)
+            if state.counted.get(kind, ("", 0))[0] != key:
+                state.counted[kind] = (key, count())
+            return state.counted[kind][1]
+
+        total = result.history_tokens + tokenizer.history_tokens(current)
+        total += cached("system", system, lambda: tokenizer.history_tokens(system))
+        if tools:
+            total += cached("tools", tools, lambda: tokenizer.count(json.dumps(tools, ensure_ascii=False)))
+        return total
+
+    def answered(self, session_id: str, turn: int, position: int, estimate: int) -> Callable[[dict | None, dict], BackgroundTask | None]:
+        def record(message: dict | None, usage: dict) -> BackgroundTask | None:
             state = self.session(session_id)
             if state.turn != turn:
-                return None  # a later request of the session has been rendered meanwhile
-            self.remember(state, position, message)
-            return BackgroundTask(self.ingest_answer, session_id, turn, message)
+                message = None  # a later request of the session has been rendered meanwhile
+            if message is not None:
+                self.remember(state, position, message)
+            if usage:
+                usage = usage | {"estimated_input_tokens": estimate}
+            if message is None and not usage:
+                return None
+            return BackgroundTask(self.ingest_answer, session_id, turn, message, usage)
 
         return record
 
-    async def ingest_answer(self, session_id: str, turn: int, message: dict) -> None:
+    async def ingest_answer(self, session_id: str, turn: int, message: dict | None, usage: dict) -> None:
         state = self.session(session_id)
         async with state.lock:
             # A next request of the session, rendered meanwhile, has ingested it with its own list.
-            if state.turn != turn:
+            messages = [message] if message is not None and state.turn == turn else []
+            if not messages and not usage:
                 return
+            options = {"usage": usage} if usage else {}
             try:
-                await run_in_threadpool(self.backend.ingest, session_id, [message], append=True)
+                await run_in_threadpool(self.backend.ingest, session_id, messages, append=True, **options)
             except Exception as exc:  # noqa: BLE001 - an answer that cannot be stored must not break the agent
                 log.warning("session %s: the answer was not ingested: %s", session_id, exc)
 
-    # -- chat completions
+    # -- conversation requests, in any format
 
-    async def chat_completions(self, request: Request) -> Response:
+    def controls(self, request: Request) -> tuple[int, str]:
+        """The budget and selector of this request: the proxy's, or its `X-ContextRender-Budget`
+        and `X-ContextRender-Selector` headers (checked: InvalidRequest names the header)."""
+        # Imported here: the renderer loads byLLM, which `contextrender --help` need not wait for.
+        from contextrender_adapters.core import MIN_BUDGET, render_settings
+
+        budget, selector = self.budget, self.selector
+        if BUDGET_HEADER in request.headers:
+            value = request.headers[BUDGET_HEADER].strip()
+            if not value.isdigit() or int(value) < MIN_BUDGET:
+                raise InvalidRequest(f"X-ContextRender-Budget must be a whole number of tokens >= {MIN_BUDGET} (got {value!r})")
+            budget = int(value)
+        if SELECTOR_HEADER in request.headers:
+            selector = request.headers[SELECTOR_HEADER].strip()
+            try:
+                render_settings({"selector": selector})
+            except InvalidRequest as exc:
+                raise InvalidRequest(f"X-ContextRender-Selector: {exc}") from exc
+        return budget, selector
+
+    async def managed(self, request: Request, fmt: Format) -> Response:
+        try:
+            budget, selector = self.controls(request)
+        except InvalidRequest as exc:
+            # The caller asked for this request's settings: a bad one is refused, fail-open or not.
+            return JSONResponse(fmt.error(400, f"ContextRender: {exc}", "invalid_request_error"), status_code=400)
         raw = await request.body()
         try:
             body = json.loads(raw)
+        except RecursionError:
+            return _error(fmt, 400, "ContextRender proxy: the JSON body is nested too deeply", "invalid_request_error")
         except ValueError:
             body = None
-        if not isinstance(body, dict) or not isinstance(body.get("messages"), list):
-            return await self.forward(request, raw)  # not ours to judge: the upstream answers it
-        messages = body["messages"]
-        session_id = request.headers.get(SESSION_HEADER) or derive_session(messages)
         failure: Exception | None = None
+        try:
+            exchange = fmt.parse(body) if isinstance(body, dict) else None
+        except InvalidRequest as exc:
+            exchange, failure = None, exc
+        if exchange is None and failure is None:
+            # Not ours to judge: the upstream answers it.
+            return await self.forward(request, raw, fmt, headers=[(STATUS_HEADER, "unmanaged; reason=no_messages_list")])
+        messages = exchange.messages if exchange is not None else []
+        session_id = request.headers.get(SESSION_HEADER) or derive_session(messages)
+        if failure is not None:
+            return await self.engine_failed(request, raw, session_id, failure, fmt)
         state = self.session(session_id)
+        if exchange.unmanaged:
+            if not state.warned:
+                state.warned = True
+                log.warning("session %s: forwarded without rendering: %s", session_id, exchange.unmanaged)
+            # The reason can quote a client's item type: ASCII only in a header.
+            reason = exchange.unmanaged.encode("ascii", "replace").decode()
+            return await self.forward(request, raw, fmt, headers=[
+                (STATUS_HEADER, "unmanaged; reason=not_renderable"), (UNMANAGED_HEADER, reason),
+            ])
+        encoding = model_encoding(exchange.model)
         async with state.lock:
             state.turn += 1
             turn = state.turn
             try:
+                await run_in_threadpool(self.check_encoding, session_id, state, encoding)
                 prepared = self.reconcile(session_id, messages)
                 result = await run_in_threadpool(
-                    lambda: self.backend.render(session_id, prepared, budget=self.budget, selector=self.selector)
+                    lambda: self.backend.render(session_id, prepared, budget=budget, selector=selector)
                 )
-                rendered = list(result.messages)
+                (out_body, state.previous) = exchange.build(list(result.messages), prepared, state.previous)
+                estimate = self.estimate(state, state.encoding or encoding, result, exchange.tools)
             except Exception as exc:  # noqa: BLE001 - fail-open covers every engine failure
                 failure = exc
         if failure is not None:
-            return await self.engine_failed(request, raw, session_id, failure)
-        body["messages"] = rendered
-        out = json.dumps(body, ensure_ascii=False).encode()
-        return await self.forward(request, out, on_answer=self.answered(session_id, turn, len(messages)))
+            return await self.engine_failed(request, raw, session_id, failure, fmt)
+        state.unmanaged = False
+        try:
+            out = json.dumps(out_body, ensure_ascii=False).encode()
+        except RecursionError:
+            return _error(fmt, 400, "ContextRender proxy: the JSON body is nested too deeply", "invalid_request_error")
+        return await self.forward(
+            request, out, fmt, on_answer=self.answered(session_id, turn, len(messages), estimate),
+            headers=[(STATUS_HEADER, "managed")] + _summary_headers(session_id, result),
+        )
 
-    async def engine_failed(self, request: Request, raw: bytes, session_id: str, exc: Exception) -> Response:
+    async def chat_completions(self, request: Request) -> Response:
+        return await self.managed(request, _CHAT)
+
+    async def messages(self, request: Request) -> Response:
+        return await self.managed(request, anthropic.FORMAT)
+
+    async def responses(self, request: Request) -> Response:
+        return await self.managed(request, responses.FORMAT)
+
+    async def engine_failed(self, request: Request, raw: bytes, session_id: str, exc: Exception, fmt: Format) -> Response:
         status = getattr(exc, "status", 500)
         if self.fail_closed:
             # The request's own faults go back as such; anything else (the server down, an
             # expired login) is the proxy's failure, not the agent's: 502.
             code = status if status in _REQUEST_FAULTS else 502
             kind = "invalid_request_error" if code != 502 else "contextrender_error"
-            return JSONResponse({"error": {"message": f"ContextRender: {exc}", "type": kind, "code": code}}, status_code=code)
-        log.warning("session %s: render failed, forwarding the original request: %s: %s", session_id, type(exc).__name__, exc)
-        return await self.forward(request, raw)
+            return JSONResponse(fmt.error(code, f"ContextRender: {exc}", kind), status_code=code)
+        # Fail-open: the agent gets its answer, and the headers say the history went unmanaged;
+        # the log says why once, not at every call of a session that keeps failing.
+        state = self.session(session_id)
+        if not state.unmanaged:
+            state.unmanaged = True
+            log.warning("session %s: render failed, forwarding requests unmanaged until it works again: %s: %s",
+                        session_id, type(exc).__name__, exc)
+        return await self.forward(request, raw, fmt, headers=[
+            (STATUS_HEADER, f"unmanaged; reason={type(exc).__name__}"),
+            (UNMANAGED_HEADER, f"render failed ({type(exc).__name__})"),
+        ])
 
 
 def create_app(
@@ -463,24 +708,36 @@ def create_app(
     budget: int,
     selector: str = DEFAULT_SELECTOR,
     fail_closed: bool = False,
+    upstream_timeout: float | None = None,
 ) -> FastAPI:
-    """The proxy as an ASGI app (serve it with uvicorn). `backend` is an `Engine` or a `Client`."""
+    """The proxy as an ASGI app (serve it with uvicorn). `backend` is an `Engine` or a `Client`.
+    `upstream_timeout`: seconds of upstream silence before a 504 (default
+    $CONTEXTRENDER_UPSTREAM_TIMEOUT or 600)."""
     if not isinstance(budget, int) or budget <= 0:
         raise ValueError(f"budget must be a positive number of tokens (got {budget!r})")
-    proxy = _Proxy(backend, upstream, budget, selector, fail_closed)
+    if upstream_timeout is None:
+        upstream_timeout = float(os.environ.get("CONTEXTRENDER_UPSTREAM_TIMEOUT", DEFAULT_UPSTREAM_TIMEOUT))
+    if not upstream_timeout > 0:
+        raise ValueError(f"upstream_timeout must be a positive number of seconds (got {upstream_timeout!r})")
+    proxy = _Proxy(backend, upstream, budget, selector, fail_closed, upstream_timeout=upstream_timeout)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        async with httpx.AsyncClient(timeout=httpx.Timeout(None, connect=30.0), limits=httpx.Limits(max_connections=None)) as client:
+        timeout = httpx.Timeout(upstream_timeout, connect=30.0, pool=None)
+        async with httpx.AsyncClient(timeout=timeout, limits=httpx.Limits(max_connections=None)) as client:
             proxy.client = client
             yield
 
     app = FastAPI(title="ContextRender proxy", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.proxy = proxy
     app.add_api_route("/v1/chat/completions", proxy.chat_completions, methods=["POST"])
+    app.add_api_route("/v1/messages", proxy.messages, methods=["POST"])
+    app.add_api_route("/v1/responses", proxy.responses, methods=["POST"])
 
     async def passthrough(request: Request, path: str) -> Response:
-        return await proxy.forward(request, await request.body())
+        # Anthropic's other paths (count_tokens, batches) get its error shape from the proxy too.
+        fmt = anthropic.FORMAT if path.startswith("v1/messages/") else _CHAT
+        return await proxy.forward(request, await request.body(), fmt)
 
     app.add_api_route(
         "/{path:path}", passthrough, methods=["GET", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "HEAD"],
@@ -514,14 +771,14 @@ def _backend(args: argparse.Namespace) -> Backend:
 def run(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from engine.selectors import SELECTORS
+    from contextrender_adapters.core import SELECTORS
 
     if args.selector not in SELECTORS:
         # Checked here: once serving, a bad selector would fail every request open.
         raise SystemExit(f"contextrender proxy: unknown selector {args.selector!r}; known: {', '.join(SELECTORS)}")
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    app = create_app(_backend(args), args.upstream, args.budget, args.selector, args.fail_closed)
+    app = create_app(_backend(args), args.upstream, args.budget, args.selector, args.fail_closed, args.upstream_timeout)
     where = f"server {args.server}" if args.server else f"store {os.path.abspath(args.store)}"
     log.info("proxy on http://%s:%d -> %s (budget %d, selector %s, %s)", args.host, args.port, args.upstream, args.budget, args.selector, where)
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
@@ -544,4 +801,6 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--token", default=os.environ.get("CONTEXTRENDER_TOKEN", ""), help="with --server: bearer token (default $CONTEXTRENDER_TOKEN)")
     parser.add_argument("--store", default=os.environ.get("CONTEXTRENDER_STORE", ".contextrender"), help="without --server: the graph store (default $CONTEXTRENDER_STORE or .contextrender)")
     parser.add_argument("--fail-closed", action="store_true", help="answer engine failures with an error instead of forwarding the original request")
+    parser.add_argument("--upstream-timeout", type=float, default=None,
+                        help=f"seconds the upstream may send nothing before a 504 (default $CONTEXTRENDER_UPSTREAM_TIMEOUT or {DEFAULT_UPSTREAM_TIMEOUT:g})")
     parser.set_defaults(func=run)

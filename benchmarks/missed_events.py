@@ -20,9 +20,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from contextrender_adapters import Engine  # noqa: E402
-from contextrender_adapters.evaluate import age_bin, reuse_events, visible_results  # noqa: E402
-from contextrender_adapters.replay import load_traces  # noqa: E402
-from engine.measure import get_tokenizer  # noqa: E402
+from contextrender_adapters.core import get_tokenizer  # noqa: E402
+from contextrender_eval.evaluate import age_bin, reuse_events, visible_results  # noqa: E402
+from contextrender_eval.replay import load_traces  # noqa: E402
 
 
 def parse_variant(text: str) -> dict:

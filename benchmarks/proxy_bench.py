@@ -1,13 +1,16 @@
-"""Proxy overhead: time a chat-completions request spends in the proxy, the upstream excluded.
+"""Proxy overhead: time a conversation request spends in the proxy, the upstream excluded.
 
     .venv/bin/python benchmarks/proxy_bench.py [--requests 60] [--results 150] [--budget 6000]
+        [--protocol chat|anthropic|responses]
 
 Three processes on loopback: the fake upstream (`python -m contextrender_adapters.fakeupstream`,
 an instant canned answer: one tool call), the proxy as users start it (`contextrender proxy`, the
 engine in-process on a fresh store), and this client. The client plays an agent loop on a
 session that starts with `--results` real tool results from ../shared/traces (the first request
 ingests them; not measured): each request sends the whole conversation, the upstream answers with
-a tool call, the client appends that answer and a tool result, and sends again.
+a tool call, the client appends that answer and a tool result, and sends again. `--protocol` picks
+the API: chat completions (`/v1/chat/completions`), Anthropic Messages (`/v1/messages`, the same
+conversation as Messages turns, a Claude model name) or OpenAI Responses (`/v1/responses`).
 
 Per request, overhead = (round trip through the proxy) - (round trip straight to the upstream with
 the body the upstream received from the proxy, sent right after). It covers the proxy's HTTP
@@ -33,6 +36,59 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from engine_bench import history, trace_turns  # noqa: E402
 
 from contextrender_adapters.fakeupstream import free_port  # noqa: E402
+from tests.conftest import anthropic_conversation, responses_input  # noqa: E402
+
+
+class Chat:
+    path, model = "/v1/chat/completions", "fake-model"
+
+    def __init__(self, messages: list[dict]) -> None:
+        self.messages = messages
+
+    def body(self) -> dict:
+        return {"model": self.model, "messages": self.messages, "temperature": 0}
+
+    def answered(self, answer: dict, result: str) -> None:
+        message = answer["choices"][0]["message"]
+        self.messages = self.messages + [message, {"role": "tool", "tool_call_id": message["tool_calls"][0]["id"], "content": result}]
+
+    def size(self, body: dict) -> int:
+        return len(body["messages"])
+
+
+class Anthropic(Chat):
+    path, model = "/v1/messages", "claude-sonnet-4-5"
+
+    def __init__(self, messages: list[dict]) -> None:
+        self.system, self.messages = anthropic_conversation(messages, thinking=False)
+
+    def body(self) -> dict:
+        return {"model": self.model, "max_tokens": 1024, "system": self.system, "messages": self.messages}
+
+    def answered(self, answer: dict, result: str) -> None:
+        call = next(b for b in answer["content"] if b["type"] == "tool_use")
+        self.messages = self.messages + [{"role": "assistant", "content": answer["content"]},
+                                         {"role": "user", "content": [{"type": "tool_result", "tool_use_id": call["id"], "content": result}]}]
+
+
+class Responses(Chat):
+    path, model = "/v1/responses", "fake-model"
+
+    def __init__(self, messages: list[dict]) -> None:
+        self.instructions, self.messages = responses_input(messages)
+
+    def body(self) -> dict:
+        return {"model": self.model, "instructions": self.instructions, "input": self.messages}
+
+    def answered(self, answer: dict, result: str) -> None:
+        call = next(i for i in answer["output"] if i["type"] == "function_call")
+        self.messages = self.messages + answer["output"] + [{"type": "function_call_output", "call_id": call["call_id"], "output": result}]
+
+    def size(self, body: dict) -> int:
+        return len(body["input"])
+
+
+PROTOCOLS = {"chat": Chat, "anthropic": Anthropic, "responses": Responses}
 
 
 def wait_up(url: str, process: subprocess.Popen, timeout: float = 90) -> None:
@@ -60,6 +116,7 @@ def main() -> None:
     parser.add_argument("--results", type=int, default=150)
     parser.add_argument("--budget", type=int, default=6000)
     parser.add_argument("--selector", default="contextrender")
+    parser.add_argument("--protocol", choices=sorted(PROTOCOLS), default="chat")
     args = parser.parse_args()
 
     pairs = trace_turns()
@@ -81,37 +138,38 @@ def main() -> None:
     try:
         wait_up(f"{upstream_url}/v1/models", upstream)
         wait_up(f"{proxy_url}/v1/models", proxy)
+        conversation = PROTOCOLS[args.protocol](messages)
         with httpx.Client(timeout=120) as client:
-            body = {"model": "fake-model", "messages": messages, "temperature": 0}
             start = time.perf_counter()
-            answer = client.post(f"{proxy_url}/v1/chat/completions", json=body).json()
+            response = client.post(f"{proxy_url}{conversation.path}", json=conversation.body())
+            assert response.status_code == 200, response.text
+            answer = response.json()
             first = time.perf_counter() - start
             through, direct, overhead, sizes = [], [], [], []
             for i in range(args.requests):
-                message = answer["choices"][0]["message"]
-                result = pairs[(args.results + i) % len(pairs)][1]["content"]
-                messages = messages + [message, {"role": "tool", "tool_call_id": message["tool_calls"][0]["id"], "content": result}]
-                body = {"model": "fake-model", "messages": messages, "temperature": 0}
+                conversation.answered(answer, pairs[(args.results + i) % len(pairs)][1]["content"])
                 start = time.perf_counter()
-                response = client.post(f"{proxy_url}/v1/chat/completions", json=body)
+                response = client.post(f"{proxy_url}{conversation.path}", json=conversation.body())
                 t_proxy = time.perf_counter() - start
                 assert response.status_code == 200, response.text
                 answer = response.json()
-                forwarded = client.get(f"{upstream_url}/_fake/last").content
+                forwarded = client.get(f"{upstream_url}/_fake/last", params={"path": conversation.path}).content
                 start = time.perf_counter()
-                client.post(f"{upstream_url}/v1/chat/completions", content=forwarded, headers={"content-type": "application/json"})
+                client.post(f"{upstream_url}{conversation.path}", content=forwarded, headers={"content-type": "application/json"})
                 t_direct = time.perf_counter() - start
                 through.append(t_proxy)
                 direct.append(t_direct)
                 overhead.append(t_proxy - t_direct)
-                sizes.append(len(json.loads(forwarded)["messages"]))
-        results = sum(1 for m in messages if m["role"] == "tool")
-        print(f"proxy overhead, {args.requests} requests, session of {args.results} -> {results} results, B = {args.budget}, selector {args.selector}")
+                sizes.append(conversation.size(json.loads(forwarded)))
+        sent = conversation.size(conversation.body())
+        results = args.results + args.requests
+        print(f"proxy overhead ({args.protocol}, {conversation.path}), {args.requests} requests, session of {args.results} -> {results} results, "
+              f"B = {args.budget}, selector {args.selector}")
         print(f"  first request (ingests the {args.results}-result history): {first * 1000:.0f} ms")
         print(f"  through the proxy  p50 {percentile(through, 0.5):6.2f} ms  p95 {percentile(through, 0.95):6.2f} ms")
         print(f"  upstream directly  p50 {percentile(direct, 0.5):6.2f} ms  p95 {percentile(direct, 0.95):6.2f} ms")
         print(f"  time in the proxy  p50 {percentile(overhead, 0.5):6.2f} ms  p95 {percentile(overhead, 0.95):6.2f} ms  (target p50 <= 20 ms)")
-        print(f"  messages forwarded: median {statistics.median(sizes):.0f} of {len(messages)} sent at the end")
+        print(f"  messages (items) forwarded: median {statistics.median(sizes):.0f} of {sent} sent at the end")
     finally:
         for process in (proxy, upstream):
             process.terminate()

@@ -40,6 +40,7 @@ def _decision(d: object) -> list:
 
 def record(out: Path, limits: dict[str, int]) -> None:
     from contextrender_adapters import Engine
+    from contextrender_eval.replay import assistant_turns
 
     root = Path(tempfile.mkdtemp(prefix="compare-renders-"))
     lines = 0
@@ -50,13 +51,7 @@ def record(out: Path, limits: dict[str, int]) -> None:
                 variants = [{"selector": s, "budget": b, "summariser": "offline"} for b in budgets for s in SELECTORS]
                 for trace in rows[: limits[name]]:
                     engine = Engine(root / f"{name}-{trace['id']}")
-                    messages, done = trace["messages"], 0
-                    for j, message in enumerate(messages):
-                        if message.get("role") != "assistant":
-                            continue
-                        if messages[done:j]:
-                            engine.ingest(trace["id"], messages[done:j], append=True)
-                        done = j
+                    for j, _ in assistant_turns(engine, trace["id"], trace["messages"]):
                         for variant, result in zip(variants, engine.render_variants(trace["id"], variants, explain=True)):
                             summary = {k: v for k, v in result.summary().items() if k not in VOLATILE}
                             sink.write(json.dumps({

@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # Sets up .venv if needed, then serves the walkers with `jac start` on the embedded store
-# (SQLite under .jac/data). PORT defaults to 8000.
+# (SQLite under .jac/data). PORT defaults to 8000; CONTEXTRENDER_HOST to 127.0.0.1 (this machine
+# only: put a reverse proxy with TLS in front to serve others, README "Security").
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 export LITELLM_LOCAL_MODEL_COST_MAP="${LITELLM_LOCAL_MODEL_COST_MAP:-True}"
+export CONTEXTRENDER_HOST="${CONTEXTRENDER_HOST:-127.0.0.1}"
 # Tokens are signed with CONTEXTRENDER_JWT_SECRET; without one, a strong secret is generated once
 # and kept (owner-only) in .jac/jwt_secret, so tokens stay valid across restarts.
 if [ -z "${CONTEXTRENDER_JWT_SECRET:-}" ]; then

@@ -2,6 +2,19 @@
 # Creates .venv with Python 3.12 and installs ContextRender with its pinned stack (idempotent).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# One run at a time: `serve.sh` and `test.sh` started together would both create .venv and run pip
+# in it at once. A second run waits here, then finds everything installed.
+if command -v flock >/dev/null 2>&1; then
+    exec 9>.venv.lock
+    flock 9
+else
+    # Without util-linux's flock (macOS): creating a directory is atomic.
+    until mkdir .venv.lock.d 2>/dev/null; do
+        echo "scripts/setup.sh: waiting for another run (remove .venv.lock.d if none is running)" >&2
+        sleep 2
+    done
+    trap 'rmdir .venv.lock.d' EXIT
+fi
 find_python() {
     if [ -n "${PYTHON:-}" ]; then echo "$PYTHON"; return; fi
     for candidate in python3.12 "$HOME"/.pyenv/versions/3.12*/bin/python3.12 /usr/local/bin/python3.12 /usr/bin/python3.12; do

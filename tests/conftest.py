@@ -51,9 +51,110 @@ def upstream():
 
 @pytest.fixture(scope="session")
 def jac_server(tmp_path_factory):
-    """One real server for the session's HTTP tests (bodies over 1 MB are refused, to test 413)."""
+    """One real server for the session's HTTP tests (bodies over 1 MB are refused, to test 413; a
+    body that stalls 10 s gets 408: shorter failed a test's ordinary request at load 10 on 2 cores)."""
     from jacserver import JacServer
 
-    server = JacServer(tmp_path_factory.mktemp("jac_server"), CONTEXTRENDER_MAX_BODY_MB="1").start()
+    server = JacServer(tmp_path_factory.mktemp("jac_server"), CONTEXTRENDER_MAX_BODY_MB="1", CONTEXTRENDER_BODY_TIMEOUT="10").start()
     yield server
     server.stop()
+
+
+# ---------------------------------------------------------------- recorded traces in other protocols
+
+
+def anthropic_conversation(messages: list[dict], thinking: bool = True, parallel: int = 1) -> tuple[list[dict], list[dict]]:
+    """A chat-completions trace as a Messages request: (`system` blocks, turns). Tool messages
+    become `tool_result` blocks of the next user turn (with any user text after them); each
+    assistant turn starts with a thinking block signed as the fake upstream signs them, and every
+    tenth has a redacted one too. `parallel` > 1 merges that many consecutive tool rounds into
+    one turn of parallel calls, answered by one user turn of results plus a text block (as Claude
+    Code sends them)."""
+    from contextrender_adapters.fakeupstream import signature
+
+    system: list[dict] = []
+    turns: list[dict] = []
+    for message in messages:
+        role, content = message["role"], message.get("content")
+        if role == "system":
+            system.append({"type": "text", "text": content})
+            continue
+        if role == "assistant":
+            blocks: list[dict] = []
+            if thinking:
+                reasoning = f"Turn {len(turns)}: deciding the next step."
+                blocks.append({"type": "thinking", "thinking": reasoning, "signature": signature(reasoning)})
+                if len(turns) % 10 == 1:
+                    blocks.append({"type": "redacted_thinking", "data": f"ENCRYPTED{len(turns)}=="})
+            if content:
+                blocks.append({"type": "text", "text": content})
+            for c in message.get("tool_calls") or []:
+                blocks.append({"type": "tool_use", "id": c["id"], "name": c["function"]["name"], "input": json.loads(c["function"]["arguments"])})
+            turns.append({"role": "assistant", "content": blocks})
+            continue
+        if role == "tool":
+            block = {"type": "tool_result", "tool_use_id": message["tool_call_id"], "content": content}
+        else:
+            block = {"type": "text", "text": content}
+        if turns and turns[-1]["role"] == "user":
+            turns[-1]["content"].append(block)
+        else:
+            turns.append({"role": "user", "content": [block]})
+    if parallel > 1:
+        turns = _parallel(turns, parallel)
+    return system, turns
+
+
+def _parallel(turns: list[dict], size: int) -> list[dict]:
+    out: list[dict] = []
+    k = 0
+    while k < len(turns):
+        rounds = []
+        while (k + 1 < len(turns) and len(rounds) < size and turns[k]["role"] == "assistant"
+               and all(b["type"] == "tool_result" for b in turns[k + 1]["content"])):
+            rounds.append((turns[k], turns[k + 1]))
+            k += 2
+        if len(rounds) < 2:
+            out.extend(t for pair in rounds for t in pair)
+            if not rounds:
+                out.append(turns[k])
+                k += 1
+            continue
+        first = [b for b in rounds[0][0]["content"] if b["type"] in ("thinking", "redacted_thinking")]
+        rest = [b for (a, _) in rounds for b in a["content"] if b["type"] not in ("thinking", "redacted_thinking")]
+        texts = sorted(rest, key=lambda b: b["type"] == "tool_use")  # text first, then the calls
+        out.append({"role": "assistant", "content": first + texts})
+        results = [b for (_, u) in rounds for b in u["content"]]
+        out.append({"role": "user", "content": results + [{"type": "text", "text": f"<system-reminder>{len(results)} results above.</system-reminder>"}]})
+    return out
+
+
+def responses_input(messages: list[dict]) -> tuple[str | None, list[dict]]:
+    """A chat-completions trace as a Responses request: (`instructions`, input items), each
+    assistant message as a reasoning item, its text as a message item and its calls."""
+    instructions = None
+    items: list[dict] = []
+    for (i, message) in enumerate(messages):
+        role, content = message["role"], message.get("content")
+        if role == "system":
+            instructions = content
+        elif role == "assistant":
+            items.append({"id": f"rs_{i}", "type": "reasoning", "summary": [], "encrypted_content": f"gAAAA{i}=="})
+            if content:
+                items.append({"id": f"msg_{i}", "type": "message", "role": "assistant", "status": "completed",
+                              "content": [{"type": "output_text", "text": content, "annotations": []}]})
+            for c in message.get("tool_calls") or []:
+                items.append({"type": "function_call", "call_id": c["id"], "name": c["function"]["name"],
+                              "arguments": c["function"]["arguments"], "id": f"fc_{c['id']}", "status": "completed"})
+        elif role == "tool":
+            items.append({"type": "function_call_output", "call_id": message["tool_call_id"], "output": content})
+        else:
+            items.append({"role": "user", "content": content})
+    return instructions, items
+
+
+def trace_prefix(name: str = "mini_swe_agent_deepseek.jsonl", index: int = 0, turns: int = 20) -> list[dict]:
+    """A recorded trace up to (not including) its `turns`-th assistant message."""
+    messages = load_traces(name)[index]["messages"]
+    cut = [i for (i, m) in enumerate(messages) if m["role"] == "assistant"][turns]
+    return messages[:cut]

@@ -32,8 +32,8 @@ class JacServer:
                 shutil.copytree(source, workdir / name, ignore=shutil.ignore_patterns("__pycache__", ".jac"))
             else:
                 shutil.copy(source, workdir / name)
-        self.env = dict(os.environ, LITELLM_LOCAL_MODEL_COST_MAP="True",
-                        CONTEXTRENDER_JWT_SECRET=secrets.token_urlsafe(48), **env)
+        self.env = dict(os.environ, LITELLM_LOCAL_MODEL_COST_MAP="True", CONTEXTRENDER_HOST="127.0.0.1",
+                        CONTEXTRENDER_JWT_SECRET=secrets.token_urlsafe(48)) | env
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.process: subprocess.Popen | None = None

@@ -6,7 +6,7 @@ import httpx
 import pytest
 
 from contextrender_adapters.client import Client, Rendered
-from contextrender_adapters.engine import ContextRenderError, InvalidRequest, UnknownSession
+from contextrender_adapters import ContextRenderError, InvalidRequest, UnknownSession
 
 
 def answering(status: int, body: dict | str) -> Client:

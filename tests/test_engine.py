@@ -115,3 +115,17 @@ def test_calls_on_one_session_take_turns_and_other_sessions_do_not_wait(engine, 
         t.join()
     assert most == {"a": 1, "b": 1}  # never two calls inside one session at once
     assert both.is_set()  # while "a" was busy, "b" ran
+
+
+def test_usage_reports_add_up_and_a_bad_one_changes_nothing(engine):
+    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]
+    engine.ingest("u", messages, usage={"input_tokens": 90, "cache_read_input_tokens": 10, "output_tokens": 5, "estimated_input_tokens": 110})
+    engine.ingest("u", [], append=True, usage={"input_tokens": 100, "estimated_input_tokens": 90})
+    usage = engine.get_session("u")["usage"]
+    assert usage == {"input_tokens": 190, "cache_read_input_tokens": 10, "output_tokens": 5, "estimated_input_tokens": 200,
+                     "requests": 2, "reported_input_tokens": 200, "estimate_ratio": 1.0}
+    for bad in ({"input_tokens": -1}, {"input_tokens": 1.5}, {"input_tokens": True}, {"prompt_tokens": 3}, ["input_tokens"]):
+        with pytest.raises(InvalidRequest, match="usage"):
+            engine.ingest("u", messages + [{"role": "user", "content": "more"}], usage=bad)
+    after = engine.get_session("u")
+    assert after["usage"]["requests"] == 2 and after["events"] == 2

@@ -1,11 +1,11 @@
-"""Replay measurements (adapters/evaluate.py): B.4 event labelling on hand-made transcripts whose
+"""Replay measurements (evaluation/evaluate.py): B.4 event labelling on hand-made transcripts whose
 events are known, visibility, the simulated prefix cache, and equation 3 on worked examples."""
 
 from __future__ import annotations
 
 import pytest
 
-from contextrender_adapters.evaluate import (
+from contextrender_eval.evaluate import (
     PrefixCache,
     Prices,
     ReuseEvent,
@@ -19,7 +19,7 @@ from contextrender_adapters.evaluate import (
     reuse_events,
     visible_results,
 )
-from engine.measure import get_tokenizer
+from contextrender_adapters.core import get_tokenizer
 from tests.conftest import assistant, call, tool, user
 
 TOK = get_tokenizer()

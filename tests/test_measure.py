@@ -52,3 +52,21 @@ def test_cut_middle_respects_the_limit_and_keeps_both_ends(limit):
     assert TOK.count(cut) <= limit
     assert cut.startswith("START") and cut.endswith("END") and "tokens cut by ContextRender" in cut
     assert cut_middle("short", limit, TOK) == "short"
+
+
+def test_thinking_counts_its_text_and_other_parts_a_flat_price():
+    thinking = {"type": "thinking", "thinking": "First check the failing assertion.", "signature": "c2ln" * 100}
+    message = {"role": "assistant", "content": [thinking, {"type": "text", "text": "Done."}, {"type": "redacted_thinking", "data": "x" * 900}]}
+    assert TOK.message_tokens(message) == 4 + TOK.count("Done.") + TOK.count(thinking["thinking"]) + 85
+
+
+def test_the_claude_estimate_scales_each_text_and_stays_additive():
+    claude = get_tokenizer("claude")
+    text = "def parse_header(line: str) -> dict:\n    return dict(part.split('=') for part in line.split(';'))\n" * 20
+    assert claude.count(text) == -(-TOK.count(text) * 115 // 100)  # ceil(o200k x 1.15)
+    messages = [user(text), assistant("ok", call("c1", "read", {"path": "a.py"})), tool("c1", text)]
+    assert claude.history_tokens(messages) == sum(claude.message_tokens(m) for m in messages)
+    cut = cut_middle(text * 10, 300, claude)
+    assert claude.count(cut) <= 300 and "tokens cut by ContextRender" in cut
+    with pytest.raises(ValueError, match="claude"):
+        get_tokenizer("nope")

@@ -14,7 +14,7 @@ import pytest
 from contextrender_adapters import UnknownSession
 from contextrender_adapters.checks import pairing_problems
 from contextrender_adapters.fakeupstream import FakeUpstream, LoopbackServer, free_port
-from contextrender_adapters.proxy import SESSION_HEADER, create_app, derive_session
+from contextrender_adapters.proxy import BUDGET_HEADER, SELECTOR_HEADER, SESSION_HEADER, create_app, derive_session
 from engine.measure import get_tokenizer
 from tests.conftest import assistant, call, tool, user
 
@@ -160,6 +160,9 @@ class ForkSpy:
     def ingest(self, session_id, messages, **options):
         return self.engine.ingest(session_id, messages, **options)
 
+    def __getattr__(self, name):  # get_session, configure
+        return getattr(self.engine, name)
+
 
 def test_answers_echoed_over_many_turns_never_fork_the_session(engine, upstream):
     spy = ForkSpy(engine)
@@ -228,6 +231,8 @@ class BrokenBackend:
     def ingest(self, *args, **kwargs):
         raise ConnectionError("server unreachable")
 
+    get_session = configure = ingest
+
 
 def test_fail_closed_answers_502_when_the_engine_itself_fails(upstream):
     with LoopbackServer(create_app(BrokenBackend(), upstream.base_url, BUDGET, fail_closed=True)) as server:
@@ -285,6 +290,38 @@ def test_full_selector_forwards_the_history_as_is(engine, upstream, proxy):
     assert upstream.requests[-1].json["messages"] == messages
 
 
+def test_request_headers_choose_budget_and_selector_and_the_summary_comes_back(engine, upstream, proxy):
+    messages = conversation()
+    cl100k = get_tokenizer("cl100k_base")
+    with proxy() as server:
+        url = f"{server.url}/v1/chat/completions"
+        response = httpx.post(url, json={"model": "gpt-4-0613", "messages": messages}, headers={SESSION_HEADER: "hdr", BUDGET_HEADER: "300"})
+        assert response.status_code == 200
+        sent = upstream.requests[-1]
+        assert not [h for h in sent.headers if h.startswith("x-contextrender-")]
+        # Counted with the model family's encoding (GPT-4: cl100k), within the request's budget.
+        assert cl100k.history_tokens(history(sent.json["messages"])) <= 300
+        wait_for_events(engine, "hdr", len(messages))
+        info = engine.get_session("hdr")
+        assert info["config"] == {"encoding": "cl100k_base"}
+        last = info["last_render"]
+        assert last["budget"] == 300
+        for (header, key) in (("history-tokens", "history_tokens"), ("kept", "kept"), ("omitted", "omitted"), ("folded", "folded_messages")):
+            assert response.headers[f"x-contextrender-{header}"] == str(last[key])
+        assert response.headers["x-contextrender-session"] == "hdr"
+        # The upstream's usage, recorded beside the proxy's estimate of the same input.
+        assert info["usage"]["input_tokens"] == 1 and info["usage"]["output_tokens"] == 1 and info["usage"]["requests"] == 1
+        assert info["usage"]["estimated_input_tokens"] > last["history_tokens"]
+        httpx.post(url, json={"model": "gpt-4-0613", "messages": messages}, headers={SESSION_HEADER: "hdr", SELECTOR_HEADER: "full"})
+        assert upstream.requests[-1].json["messages"] == messages
+        forwarded = len(upstream.requests)
+        for (header, value) in ((BUDGET_HEADER, "12"), (BUDGET_HEADER, "1e4"), (SELECTOR_HEADER, "magic")):
+            refused = httpx.post(url, json={"model": "m", "messages": messages}, headers={header: value})
+            assert refused.status_code == 400 and refused.json()["error"]["type"] == "invalid_request_error"
+            assert ("Budget" if header == BUDGET_HEADER else "Selector") in refused.json()["error"]["message"]
+        assert len(upstream.requests) == forwarded
+
+
 def test_unreachable_upstream_is_a_502(engine):
     app = create_app(engine, f"http://127.0.0.1:{free_port()}/v1", BUDGET)
     with LoopbackServer(app) as server:
@@ -301,7 +338,7 @@ def test_the_command_runs_the_engine_in_process(tmp_path, upstream):
                "--budget", str(BUDGET), "--port", str(port)]
     process = subprocess.Popen(command, env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 180  # the engine loads first: slow on a busy machine
         while True:
             try:
                 response = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", json={"model": "m", "messages": conversation()})
@@ -337,8 +374,9 @@ def test_proxy_with_a_server_backend(jac_server, upstream):
     while client.get_session("via-server")["events"] < len(messages):  # the answer, ingested after the response
         assert time.monotonic() < deadline, "the answer was never ingested"
         time.sleep(0.05)
-    stored = client.get_session("via-server", include_messages=True)["messages"]
-    assert stored[-1] == {"role": "assistant", "content": "Found it."}
+    info = client.get_session("via-server", include_messages=True)
+    assert info["messages"][-1] == {"role": "assistant", "content": "Found it."}
+    assert info["usage"]["requests"] == 1 and info["usage"]["input_tokens"] == 1  # the upstream's report, through the server
 
 
 def test_the_command_refuses_an_unknown_selector_before_serving(tmp_path):

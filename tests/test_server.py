@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 import uuid
 
 import httpx
@@ -13,8 +14,8 @@ import pytest
 from conftest import assistant, call, tool, user
 from contextrender_adapters.checks import pairing_problems
 from contextrender_adapters.client import AsyncClient, Client, Rendered
-from contextrender_adapters.engine import ContextRenderError, HistoryConflict, InvalidRequest, UnknownSession
-from jacserver import JAC, JacServer
+from contextrender_adapters import ContextRenderError, HistoryConflict, InvalidRequest, UnknownSession
+from jacserver import JAC, REPO, JacServer
 from engine.measure import get_tokenizer
 
 
@@ -67,6 +68,9 @@ def test_session_endpoints(alice):
     summary = alice.ingest("s-endpoints", messages)
     assert summary["added"] == len(messages) - 1  # the system prompt is kept on the session
     assert alice.ingest("s-endpoints", messages)["added"] == 0  # idempotent
+    variants = alice.render_variants("s-endpoints", [{"budget": 300}, {"budget": 300, "selector": "prune"}], explain=True)
+    assert [(type(v), v.selector) for v in variants] == [(Rendered, "contextrender"), (Rendered, "prune")]
+    assert all(v.history_tokens <= 300 and v.decisions for v in variants)
     session = alice.get_session("s-endpoints", include_messages=True)
     assert session["events"] == len(messages) - 1 and session["tool_results"] == 5
     assert session["messages"] == messages
@@ -121,6 +125,7 @@ def test_bad_input_gets_4xx_and_changes_nothing(jac_server, alice):
         "rewrite with reject": (lambda: alice.render("guarded", [user("different start")], budget=500, on_rewrite="reject"), HistoryConflict, "rewrite"),
         "unknown session": (lambda: alice.export_graph("never-made"), UnknownSession, "no session"),
         "export format": (lambda: alice.export_graph("guarded", format="svg"), InvalidRequest, "format must be"),
+        "variant not an object": (lambda: alice.render_variants("guarded", ["prune"]), InvalidRequest, "variants must be"),
     }
     for name, (attempt, error, words) in bad_calls.items():
         with pytest.raises(error) as failure:
@@ -239,3 +244,18 @@ def test_the_status_comes_from_the_exception_that_ended_the_walker():
                + frames + "sqlite3.OperationalError: database is locked")
     assert status(chained) == 500
     assert status(frames + "KeyError: 'x'") == 500
+
+
+def test_jaclang_loads_the_server_plugin_from_its_entry_point():
+    # A fresh interpreter that imports only jaclang (as `jac start` does): the entry point in
+    # pyproject.toml registers the plugin, after jac-scale's, so its server class answers.
+    code = ("import jaclang; from jaclang.jac0core.runtime import plugin_manager; "
+            "print(plugin_manager.hook.get_api_server_class().__name__)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "ContextRenderServer"
+    assert "contextrender_adapters" not in (REPO / "contextrender.jac").read_text()
+
+
+def test_a_weak_jwt_secret_stops_the_server(tmp_path):
+    with pytest.raises(RuntimeError, match="refuses to start: the JWT secret is shorter than 32 characters"):
+        JacServer(tmp_path / "weak", CONTEXTRENDER_JWT_SECRET="too-short").start()

@@ -7,8 +7,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.measure import content_text
-from engine.values import recall_tokens
+from contextrender_adapters.core import content_text, recall_tokens
 
 # Result-age bins of the paper's Table 2 (turns between a result's creation and its reuse).
 AGE_BINS: tuple[tuple[str, int, int], ...] = (

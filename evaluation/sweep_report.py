@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from contextrender_adapters.evaluate import AGE_BINS, Prices, VariantStats
-from contextrender_adapters.replay import markdown_table, summarise
+from contextrender_eval.evaluate import AGE_BINS, Prices, VariantStats
+from contextrender_eval.replay import markdown_table, summarise
 
 # Plot order and styles: baselines dashed, ContextRender variants solid.
 STYLE = {

@@ -1,6 +1,6 @@
-"""`contextrender replay` and `contextrender sweep`: recorded traces (../shared/traces schema)
-replayed through the engine as a live agent would see them, measured by Later-Used Result
-Recall (B.4), tokens, cost (equation 3) and render latency.
+"""Recorded traces (../shared/traces schema) replayed through the engine as a live agent would
+see them, measured by Later-Used Result Recall (B.4), tokens, cost (equation 3) and render
+latency, and summarised as rows and tables (`contextrender replay` and `sweep`: commands.py).
 
 Each trace is ingested into one session, turn by turn; before each assistant turn j every
 (selector, budget) renders `messages[:j]` in one engine call, and what it would have shown
@@ -9,7 +9,6 @@ the model is measured. The assistant turn j itself is only used afterwards, to l
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
@@ -17,10 +16,10 @@ import sys
 import tempfile
 from collections import defaultdict
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator
 
-from engine.measure import content_text
-from contextrender_adapters.evaluate import (
+from contextrender_adapters.core import content_text
+from contextrender_eval.evaluate import (
     AGE_BINS,
     Prices,
     PrefixCache,
@@ -33,15 +32,11 @@ from contextrender_adapters.evaluate import (
     visible_results,
 )
 
-DEFAULT_TRACES = Path(__file__).resolve().parent.parent.parent / "shared" / "traces"
-TAU_BUDGETS = (1000, 2000, 3000)
-SWE_BUDGETS = (3000, 6000, 12000, 24000)
-
 Variant = tuple[str, int]
 
 
-def _selectors() -> dict[str, Any]:
-    from engine.selectors import SELECTORS  # the engine's registry (slow import: lazily)
+def registered_selectors() -> dict[str, Any]:
+    from contextrender_adapters.core import SELECTORS  # the engine's registry (slow import: lazily)
 
     return SELECTORS
 
@@ -58,12 +53,24 @@ def load_traces(paths: Iterable[str | os.PathLike[str]], limit: int = 0) -> list
     return traces
 
 
+def assistant_turns(engine: Any, session_id: str, messages: list[dict]) -> Iterator[tuple[int, dict]]:
+    """Each assistant turn j of a transcript, as a live agent reaches it: the events before it
+    are ingested (only the new ones) before (j, messages[j]) is yielded, so the session holds
+    `messages[:j]`; turn j itself is never ingested."""
+    done = 0
+    for j, message in enumerate(messages):
+        if message.get("role") != "assistant":
+            continue
+        if messages[done:j]:
+            engine.ingest(session_id, messages[done:j], append=True)
+        done = j
+        yield j, message
+
+
 def _embedding_use(selector: str) -> tuple[bool, bool]:
     """(embeds results, embeds a query per managed render) for a selector."""
-    from engine.selectors import Scored, Semantic
-
-    obj = _selectors()[selector]
-    return isinstance(obj, (Scored, Semantic)), isinstance(obj, Semantic) or bool(obj.terms[2])
+    obj = registered_selectors()[selector]
+    return obj.embeds_results, obj.embeds_query()
 
 
 class Replayer:
@@ -71,8 +78,8 @@ class Replayer:
 
     def __init__(self, variants: list[Variant], *, settings: dict[str, Any] | None = None,
                  store: str | os.PathLike[str] | None = None, progress: bool = True) -> None:
+        from contextrender_adapters.core import get_tokenizer
         from contextrender_adapters.engine import Engine
-        from engine.measure import get_tokenizer
 
         self.variants = variants
         self.settings = dict(settings or {})
@@ -96,8 +103,7 @@ class Replayer:
         return self.stats
 
     def replay_trace(self, trace: dict, bar: Any = None) -> None:
-        from engine.measure import EMBED_CLIP
-        from engine.score import latest_exchange_text
+        from contextrender_adapters.core import EMBED_CLIP, latest_exchange_text
 
         messages = trace["messages"]
         key = f"{trace.get('dataset', '')}/{trace['id']}"
@@ -114,13 +120,7 @@ class Replayer:
         needed = {v: False for v in self.variants}
         embedded = sum(tok.count(content_text(m.get("content"))[:EMBED_CLIP]) for m in messages if m.get("role") == "tool")
         requests = [{"budget": b, "selector": s, **self.settings} for (s, b) in self.variants]
-        done = 0
-        for j, message in enumerate(messages):
-            if message.get("role") != "assistant":
-                continue
-            if messages[done:j]:
-                engine.ingest(trace["id"], messages[done:j], append=True)
-            done = j
+        for j, message in assistant_turns(engine, trace["id"], messages):
             results = engine.render_variants(trace["id"], requests)
             output = tok.message_tokens(message)
             query = tok.count(latest_exchange_text(messages[:j]))
@@ -175,7 +175,7 @@ def _progress(total: int, enabled: bool) -> Any:
     return tqdm(total=total, unit="turn", desc="replay", file=sys.stderr, dynamic_ncols=True)
 
 
-# ---------------------------------------------------------------- reporting
+# ---------------------------------------------------------------- results
 
 
 def summarise(stats: dict[Variant, VariantStats], prices: Prices = Prices()) -> list[dict]:
@@ -241,147 +241,3 @@ def text_table(rows: list[dict]) -> str:
     lines = ["  ".join(h.rjust(w) if i else h.ljust(w) for i, (h, w) in enumerate(zip(header, widths)))]
     lines += ["  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths))) for cells in body]
     return "\n".join(lines)
-
-
-# ---------------------------------------------------------------- commands
-
-
-def _int_list(text: str) -> list[int]:
-    try:
-        return [int(float(x.lower().rstrip("k")) * (1000 if x.lower().endswith("k") else 1)) for x in text.split(",") if x]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated token counts such as 3000,6K (got {text!r})")
-
-
-def _selector_list(text: str) -> list[str]:
-    names = [x for x in text.split(",") if x]
-    return names
-
-
-def _add_common(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--selector", "--selectors", dest="selectors", type=_selector_list, action="extend",
-                        help="selector name(s), comma-separated or repeated (default: all registered)")
-    parser.add_argument("--limit", type=int, default=0, help="replay only the first K traces of each file")
-    parser.add_argument("--summariser", choices=("llm", "offline"), default="llm",
-                        help="for recency-summary and compact: 'llm' needs CONTEXTRENDER_MODEL; 'offline' is the "
-                             "labelled extractive stand-in (not an LLM summary)")
-    parser.add_argument("--omitted", choices=("stub", "drop"), default="stub", help="what stands in for an omitted result")
-    prices = Prices()
-    parser.add_argument("--price-input", type=float, default=prices.input, help="USD per 1M uncached input tokens (eq. 3: 2)")
-    parser.add_argument("--price-cached", type=float, default=prices.cached_input, help="USD per 1M cached input tokens (eq. 3: 0.5)")
-    parser.add_argument("--price-output", type=float, default=prices.output, help="USD per 1M output tokens (eq. 3: 8)")
-    parser.add_argument("--price-embedding", type=float, default=prices.embedding, help="USD per 1M embedding tokens (eq. 3: 0.13)")
-    parser.add_argument("--set", dest="params", action="append", default=[], metavar="NAME=VALUE",
-                        help="any other RenderConfig setting for every render, e.g. --set fold_target=0.25 (repeatable)")
-    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
-
-
-def register(subparsers: Any) -> None:
-    replay = subparsers.add_parser("replay", help="replay recorded traces and measure recall, tokens, cost and latency",
-                                   description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    replay.add_argument("traces", nargs="+", help="trace files (JSONL, ../shared/traces/README.md schema)")
-    replay.add_argument("--budget", "--budgets", dest="budgets", type=_int_list, action="extend", required=True,
-                        help="history budget(s) B in tokens, comma-separated or repeated")
-    replay.add_argument("--json", action="store_true", help="print the results as JSON")
-    _add_common(replay)
-    replay.set_defaults(func=run_replay)
-
-    sweep = subparsers.add_parser("sweep", help="replay budgets x selectors on trace files; write a markdown report and figures")
-    sweep.add_argument("traces", nargs="*", help=f"trace files (default: every *.jsonl in {DEFAULT_TRACES})")
-    sweep.add_argument("--tau-budgets", type=_int_list, default=list(TAU_BUDGETS), help="budgets for files named *tau* (default 1K,2K,3K)")
-    sweep.add_argument("--swe-budgets", type=_int_list, default=list(SWE_BUDGETS), help="budgets for the other files (default 3K,6K,12K,24K)")
-    sweep.add_argument("--out", default="docs/results", help="folder for report.md, the figures and raw/ (default docs/results)")
-    sweep.add_argument("--reuse-raw", action="store_true",
-                       help="reuse raw/<file>.json already in --out for files replayed with the same settings")
-    sweep.add_argument("--replay-only", action="store_true", help="write raw/<file>.json only (no report, no figures)")
-    _add_common(sweep)
-    sweep.set_defaults(func=run_sweep)
-
-
-def _prices(args: argparse.Namespace) -> Prices:
-    return Prices(input=args.price_input, cached_input=args.price_cached, output=args.price_output, embedding=args.price_embedding)
-
-
-def _settings(args: argparse.Namespace) -> dict[str, Any]:
-    settings: dict[str, Any] = {"summariser": args.summariser, "omitted": args.omitted}
-    for item in args.params:
-        name, _, text = item.partition("=")
-        try:
-            settings[name.strip()] = json.loads(text)
-        except json.JSONDecodeError:
-            settings[name.strip()] = text
-    return settings
-
-
-def _plan(args: argparse.Namespace) -> tuple[list[str], dict[str, Any]] | None:
-    """The selectors to replay (`full` added: the cost reference) and the render settings, each
-    checked by the engine's own rules (unknown names, bad values, a summary selector without a
-    model); None after printing what to fix."""
-    from contextrender_adapters.engine import InvalidRequest
-    from engine.selectors import render_settings
-
-    selectors = args.selectors or list(_selectors())
-    if "full" not in selectors:
-        selectors = ["full"] + selectors
-    settings = _settings(args)
-    try:
-        for name in selectors:
-            render_settings(settings, {"selector": name})
-    except InvalidRequest as bad:
-        print(f"error: {bad}", file=sys.stderr)
-        return None
-    return selectors, settings
-
-
-def run_replay(args: argparse.Namespace) -> int:
-    plan = _plan(args)
-    if plan is None:
-        return 2
-    (selectors, settings) = plan
-    traces = load_traces(args.traces, args.limit)
-    variants = [(s, b) for b in args.budgets for s in selectors]
-    stats = Replayer(variants, settings=settings, progress=not args.no_progress).run(traces)
-    rows = summarise(stats, _prices(args))
-    if args.json:
-        json.dump({"traces": len(traces), "files": args.traces, "limit": args.limit, "settings": settings,
-                   "prices": vars(_prices(args)), "rows": rows}, sys.stdout, indent=1, default=float)
-        print()
-    else:
-        print(f"{len(traces)} traces from {', '.join(args.traces)}; summariser={args.summariser}, omitted={args.omitted}")
-        print(text_table(rows))
-    return 0
-
-
-def run_sweep(args: argparse.Namespace) -> int:
-    from contextrender_adapters import sweep_report
-
-    plan = _plan(args)
-    if plan is None:
-        return 2
-    (selectors, settings) = plan
-    files = [Path(p) for p in args.traces] or sorted(DEFAULT_TRACES.glob("*.jsonl"))
-    out = Path(args.out)
-    (out / "raw").mkdir(parents=True, exist_ok=True)
-    datasets: dict[str, dict] = {}
-    for path in files:
-        budgets = args.tau_budgets if "tau" in path.stem else args.swe_budgets
-        raw = out / "raw" / f"{path.stem}.json"
-        meta = {"file": path.name, "limit": args.limit, "budgets": budgets, "selectors": selectors, "settings": settings}
-        if args.reuse_raw and raw.exists():
-            saved = json.loads(raw.read_text())
-            if {k: saved.get(k) for k in meta} == meta:
-                datasets[path.stem] = saved
-                print(f"{path.name}: reusing {raw}", file=sys.stderr)
-                continue
-        traces = load_traces([path], args.limit)
-        print(f"{path.name}: {len(traces)} traces, budgets {budgets}, {len(selectors)} selectors", file=sys.stderr)
-        stats = Replayer([(s, b) for b in budgets for s in selectors], settings=settings,
-                         progress=not args.no_progress).run(traces)
-        saved = meta | {"traces": len(traces), "stats": [v.to_dict() for v in stats.values()]}
-        raw.write_text(json.dumps(saved))
-        datasets[path.stem] = saved
-    if args.replay_only:
-        return 0
-    report = sweep_report.write(datasets, out, _prices(args), command=" ".join(["contextrender", "sweep", *sys.argv[2:]]))
-    print(f"wrote {report}")
-    return 0

@@ -1,0 +1,462 @@
+"""Anthropic Messages (`POST /v1/messages`: Claude Code, the Anthropic SDKs): the format layer
+between a Messages request and the engine's message normal form (chat-completions messages).
+
+In. The top-level `system` becomes a leading system message (outside B, stored on the session),
+and a `system` turn inside `messages` a system message where it stands; each user turn becomes
+one `tool` message per `tool_result` block (in order), then a user message with its other blocks
+(text, images, documents), if any; each assistant turn one assistant
+message whose `tool_use` blocks are its tool calls and whose other blocks (text, `thinking`,
+`redacted_thinking`, server tool blocks) are its content parts. Blocks are stored without
+`cache_control` and without null fields, so the breakpoints a client moves from call to call,
+and an SDK's re-serialised answer, are not history rewrites. A thinking block's text counts
+toward B (engine.measure); other non-text blocks count as one part each.
+
+Out. The request is rebuilt from the rendered history: every message kept as it was is sent back
+exactly as the client sent it (the request itself is the source: a client resends the whole
+conversation every call, so nothing has to be remembered between calls), `thinking` blocks and
+their signatures included; an omitted result is a `tool_result` stub with the same `tool_use_id`;
+the fold marker and summaries are user text; a shortened message keeps its thinking and calls
+with its text cut. What came from one client turn is one turn again (that turn exactly as sent
+when it is all there unchanged, else its blocks with the results first), so every `tool_use` is
+answered in the next turn; the marker and summaries are turns of their own (the API combines
+consecutive turns of one role). `system`, `tools` and every other field are forwarded untouched.
+
+Prompt cache. The client's `cache_control` markers stay on the blocks they were on when those are
+kept. One more breakpoint goes on the last block of the stable prefix: the longest run of messages
+identical to the session's previous forwarded request, the part a re-rendered history repeats.
+Anthropic allows 4: when the client's markers and this one exceed that, the client's markers inside
+the history are dropped first (its markers on `system`, `tools` and the last message are kept).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from contextrender_adapters.formats import EventReader, arguments, origins_of, plain, usage_counts
+from contextrender_adapters.core import InvalidRequest, content_text
+
+__all__ = ["FORMAT", "MAX_BREAKPOINTS", "breakpoints", "to_normal"]
+
+CACHE = "cache_control"
+MAX_BREAKPOINTS = 4
+# Blocks that cannot carry a cache breakpoint (Anthropic refuses one on them).
+_NO_BREAKPOINT = ("thinking", "redacted_thinking")
+_ERROR_TYPES = {401: "authentication_error", 403: "permission_error", 404: "not_found_error",
+                413: "request_too_large", 429: "rate_limit_error", 529: "overloaded_error"}
+
+
+def _bare(block: dict) -> dict:
+    return plain(block, frozenset({CACHE}))
+
+
+@dataclass
+class Origin:
+    """Where a normal-form message came from: the client's turn (its index in `messages`), the
+    blocks of that turn it holds (with their cache markers), or the turn's content when that was
+    a plain string."""
+
+    turn: int
+    blocks: list[dict] = field(default_factory=list)
+    string: str | None = None
+
+
+# ---------------------------------------------------------------- in: Messages -> normal form
+
+
+# A call's input as JSON, by call id: every request repeats the conversation's calls, and this
+# was a quarter of the conversion's time. The input is compared before its JSON is reused.
+_ARGUMENTS: dict[str, tuple[Any, str]] = {}
+_ARGUMENTS_KEPT = 100_000
+
+
+def _arguments(call_id: str, value: Any) -> str:
+    known = _ARGUMENTS.get(call_id)
+    if known is not None and known[0] == value:
+        return known[1]
+    text = arguments(value)
+    _ARGUMENTS[call_id] = (value, text)
+    if len(_ARGUMENTS) > _ARGUMENTS_KEPT:
+        del _ARGUMENTS[next(iter(_ARGUMENTS))]  # the oldest
+    return text
+
+
+def _assistant(blocks: list[dict]) -> dict:
+    """An assistant turn's blocks as one normal-form assistant message."""
+    calls = [
+        {"id": b["id"], "type": "function", "function": {"name": b["name"], "arguments": _arguments(b["id"], b.get("input", {}))}}
+        for b in blocks if b.get("type") == "tool_use"
+    ]
+    parts = [_bare(b) for b in blocks if b.get("type") != "tool_use"]
+    # The chat-completions rule the engine stores by: null beside calls, else "".
+    message: dict[str, Any] = {"role": "assistant", "content": parts or (None if calls else "")}
+    if calls:
+        message["tool_calls"] = calls
+    return message
+
+
+def _check_blocks(where: str, content: Any) -> None:
+    if not isinstance(content, list):
+        raise InvalidRequest(f"{where}: content must be a string or a list of content blocks")
+    for (j, block) in enumerate(content):
+        if not isinstance(block, dict) or not isinstance(block.get("type"), str):
+            raise InvalidRequest(f"{where}.content[{j}]: each content block must be an object with a 'type'")
+        if block["type"] == "tool_use" and not (isinstance(block.get("id"), str) and isinstance(block.get("name"), str)):
+            raise InvalidRequest(f"{where}.content[{j}]: a tool_use block needs a string 'id' and 'name'")
+        if block["type"] == "tool_result" and not isinstance(block.get("tool_use_id"), str):
+            raise InvalidRequest(f"{where}.content[{j}]: a tool_result block needs the 'tool_use_id' of the call it answers")
+
+
+def to_normal(body: dict) -> tuple[list[dict], list[Origin | None]]:
+    """The conversation of a Messages request in normal form, and each message's origin (None
+    for the system prompt). Raises InvalidRequest naming the part to fix."""
+    normal: list[dict] = []
+    origins: list[Origin | None] = []
+    system = body.get("system")
+    if system is not None:
+        if isinstance(system, list):
+            _check_blocks("system", system)
+            system = [_bare(b) for b in system]
+        elif not isinstance(system, str):
+            raise InvalidRequest("system must be a string or a list of text blocks")
+        normal.append({"role": "system", "content": system})
+        origins.append(None)
+    for (k, message) in enumerate(body["messages"]):
+        where = f"messages[{k}]"
+        if not isinstance(message, dict) or message.get("role") not in ("user", "assistant", "system"):
+            raise InvalidRequest(f"{where}: each message must be an object with role 'user', 'assistant' or 'system'")
+        role, content = message["role"], message.get("content")
+        if isinstance(content, str):
+            normal.append({"role": role, "content": content})
+            origins.append(Origin(k, string=content))
+            continue
+        _check_blocks(where, content)
+        if role == "system":
+            normal.append({"role": "system", "content": [_bare(b) for b in content]})
+            origins.append(Origin(k, blocks=content))
+            continue
+        if role == "assistant":
+            if any(b["type"] == "tool_result" for b in content):
+                raise InvalidRequest(f"{where}: tool_result blocks belong in user turns")
+            normal.append(_assistant(content))
+            origins.append(Origin(k, blocks=content))
+            continue
+        if any(b["type"] == "tool_use" for b in content):
+            raise InvalidRequest(f"{where}: tool_use blocks belong in assistant turns")
+        results = [b for b in content if b["type"] == "tool_result"]
+        for block in results:
+            result = block.get("content")
+            tool = {"role": "tool", "tool_call_id": block["tool_use_id"],
+                    "content": "" if result is None else (result if isinstance(result, str) else plain(result, frozenset({CACHE})))}
+            if block.get("is_error"):
+                tool["is_error"] = True
+            normal.append(tool)
+            origins.append(Origin(k, blocks=[block]))
+        rest = [b for b in content if b["type"] != "tool_result"]
+        if rest or not results:
+            normal.append({"role": "user", "content": [_bare(b) for b in rest]})
+            origins.append(Origin(k, blocks=rest))
+    return normal, origins
+
+
+# ---------------------------------------------------------------- out: rendered history -> Messages
+
+
+def _from_rendered(message: dict, sent: dict | None, origin: Origin | None) -> list[dict] | str:
+    """The blocks of one rendered message: as the client sent them when it is unchanged
+    (`sent` is the normal form the engine was given for `origin`), else rebuilt."""
+    if origin is not None and message == sent:
+        return origin.string if origin.string is not None else origin.blocks
+    role, content = message.get("role"), message.get("content")
+    if role == "tool":  # a stub or a compacted result
+        return [{"type": "tool_result", "tool_use_id": message["tool_call_id"], "content": content if content is not None else ""}]
+    calls = {c["id"]: c for c in message.get("tool_calls") or []}
+    if role == "assistant" and origin is not None and origin.string is None:
+        # The client's turn with some calls left out (their results were dropped, or it stands
+        # over selected results of folded turns: content null), or its text cut (content a string
+        # where the client sent blocks).
+        same_text = not isinstance(content, str)
+        out: list[dict] = []
+        cut_placed = False
+        for block in origin.blocks:
+            kind = block.get("type")
+            if kind == "tool_use":
+                if block.get("id") in calls:
+                    out.append(block)
+            elif content is None:
+                continue
+            elif same_text or kind != "text":
+                out.append(block)  # thinking and its signature as sent
+            elif not cut_placed:
+                out.append({"type": "text", "text": content_text(content)})
+                cut_placed = True
+        return out
+    out = [{"type": "text", "text": content}] if isinstance(content, str) and content else list(content or []) if isinstance(content, list) else []
+    for call in calls.values():
+        out.append({"type": "tool_use", "id": call["id"], "name": call["function"]["name"],
+                    "input": json.loads(call["function"]["arguments"] or "{}")})
+    return out
+
+
+def _as_blocks(content: list[dict] | str) -> list[dict]:
+    return [{"type": "text", "text": content}] if isinstance(content, str) else list(content)
+
+
+def to_messages(rendered: list[dict], prepared: list[dict], origins: list[Origin | None], client: list[dict]) -> list[dict]:
+    """Messages turns for a rendered history. The messages that came from one client turn form
+    one turn again: that turn exactly as the client sent it when all of them are there unchanged,
+    else their blocks (results first, as Anthropic requires); the fold marker and summaries are
+    turns of their own (consecutive turns of one role are combined by the API). The top-level
+    `system` is forwarded as the client sent it; `system` turns stay where they are."""
+    groups: list[tuple[str, int | None, list[tuple[list[dict] | str, bool]]]] = []
+    found = origins_of(rendered, prepared, [o is not None for o in origins])
+    for (message, i) in zip(rendered, found):
+        role = message.get("role")
+        if role in ("system", "developer") and i is None:
+            continue
+        origin = origins[i] if i is not None else None
+        content = _from_rendered(message, prepared[i] if i is not None else None, origin)
+        if role == "assistant" and isinstance(content, list) and all(b.get("type") in _NO_BREAKPOINT for b in content):
+            continue  # nothing left but reasoning (or nothing): not a turn Anthropic takes
+        side = role if role in ("assistant", "system") else "user"
+        piece = (content, message == prepared[i] if i is not None else False)
+        if origin is not None and groups and groups[-1][1] == origin.turn:
+            groups[-1][2].append(piece)
+        else:
+            groups.append((side, origin.turn if origin is not None else None, [piece]))
+    pieces = {}
+    for origin in origins:
+        if origin is not None:
+            pieces[origin.turn] = pieces.get(origin.turn, 0) + 1
+    turns: list[dict] = []
+    for (side, k, parts) in groups:
+        if k is not None and len(parts) == pieces[k] and all(same for (_, same) in parts):
+            turns.append({"role": side, "content": client[k]["content"]})
+            continue
+        if len(parts) == 1:
+            turns.append({"role": side, "content": parts[0][0]})
+            continue
+        joined = [b for (content, _) in parts for b in _as_blocks(content)]
+        # A user turn answering calls starts with its results (Anthropic requires it).
+        joined = [b for b in joined if b.get("type") == "tool_result"] + [b for b in joined if b.get("type") != "tool_result"]
+        turns.append({"role": side, "content": joined})
+    problems = pairing_problems(turns)
+    if problems:
+        raise ValueError(f"the rebuilt Messages request is not valid: {problems[0]}")
+    return turns
+
+
+def pairing_problems(turns: list[dict]) -> list[str]:
+    """Why `turns` break Anthropic's rule: every `tool_use` answered by a `tool_result` in the
+    next turn, a user turn, and every `tool_result` answering a call of the turn before."""
+    problems: list[str] = []
+    for (k, turn) in enumerate(turns):
+        blocks = turn["content"] if isinstance(turn["content"], list) else []
+        results = {b.get("tool_use_id") for b in blocks if b.get("type") == "tool_result"}
+        calls = set()
+        if k > 0 and turns[k - 1]["role"] == "assistant" and isinstance(turns[k - 1]["content"], list):
+            calls = {b.get("id") for b in turns[k - 1]["content"] if b.get("type") == "tool_use"}
+        if turn["role"] == "user" and results - calls:
+            problems.append(f"messages[{k}] answers {sorted(results - calls)}, not called in the turn before")
+        if turn["role"] == "assistant":
+            mine = {b.get("id") for b in blocks if b.get("type") == "tool_use"}
+            after = turns[k + 1] if k + 1 < len(turns) else None
+            answered = set()
+            if after is not None and after["role"] == "user" and isinstance(after["content"], list):
+                answered = {b.get("tool_use_id") for b in after["content"] if b.get("type") == "tool_result"}
+            if mine - answered and after is not None:
+                problems.append(f"messages[{k}] calls {sorted(mine - answered)} with no tool_result in the next turn")
+    return problems
+
+
+# ---------------------------------------------------------------- prompt cache breakpoints
+
+
+def _signature(role: str, index: int, block: dict) -> bytes:
+    text = json.dumps([index, role, _bare(block)], ensure_ascii=False, sort_keys=True)
+    return hashlib.blake2b(text.encode(), digest_size=16).digest()
+
+
+def _markers(value: Any) -> int:
+    if isinstance(value, list):
+        return sum(1 for b in value if isinstance(b, dict) and b.get(CACHE))
+    return 0
+
+
+def _can_mark(block: dict) -> bool:
+    return block.get("type") not in _NO_BREAKPOINT and block != {"type": "text", "text": ""}
+
+
+def breakpoints(body: dict, turns: list[dict], previous: Any, move: bool = False) -> Any:
+    """Put a cache breakpoint at the end of the stable prefix of `turns` (in place: blocks are
+    replaced, never changed) and return what the next request compares with. `move`: the
+    client's breakpoints inside `messages` go (the stable end takes their place), else they stay
+    and the total is kept within MAX_BREAKPOINTS by dropping the client's ones inside the history
+    first. With no stable prefix (a session's first request, or everything changed) the client's
+    breakpoints are left as they are."""
+    head = hashlib.blake2b(json.dumps([body.get("system"), body.get("tools")], ensure_ascii=False, sort_keys=True).encode(),
+                           digest_size=16).digest()
+    blocks: list[tuple[int, int, dict]] = []
+    for (k, turn) in enumerate(turns):
+        blocks.extend((k, j, b) for (j, b) in enumerate(_as_blocks(turn["content"])))
+    signatures = [_signature(turns[k]["role"], k, b) for (k, _, b) in blocks]
+    memo = (head, signatures)
+    stable = 0
+    if previous is not None and previous[0] == head:
+        old = previous[1]
+        while stable < min(len(old), len(signatures)) and old[stable] == signatures[stable]:
+            stable += 1
+    spot = next((p for p in range(stable - 1, -1, -1) if _can_mark(blocks[p][2])), None)
+    if spot is None or (blocks[spot][2].get(CACHE) and not move):
+        return memo
+    # A top-level `cache_control` (automatic caching) takes one breakpoint at the request's end.
+    fixed = _markers(body.get("system")) + _markers(body.get("tools")) + (1 if body.get(CACHE) else 0)
+    marked = [p for (p, (_, _, b)) in enumerate(blocks) if b.get(CACHE)]
+    # The client's own marker (its TTL) where it set one, else the 5-minute default.
+    marker = blocks[marked[-1]][2][CACHE] if marked else {"type": "ephemeral"}
+    if move:
+        drop = marked
+    else:
+        # Room for one more: the client's breakpoints inside the history go first, oldest first
+        # (those on system, tools and the last turn stay). A client already over the limit is
+        # left as it sent it.
+        droppable = [p for p in marked if blocks[p][0] != len(turns) - 1]
+        excess = fixed + len(marked) + 1 - MAX_BREAKPOINTS
+        if fixed + len(marked) > MAX_BREAKPOINTS or excess > len(droppable):
+            return memo
+        drop = droppable[:max(0, excess)]
+    if fixed + 1 > MAX_BREAKPOINTS:
+        return memo
+    for p in drop:
+        _set_block(turns, blocks[p][0], blocks[p][1], {key: v for (key, v) in blocks[p][2].items() if key != CACHE})
+    (k, j) = blocks[spot][:2]
+    _set_block(turns, k, j, dict(_as_blocks(turns[k]["content"])[j], **{CACHE: marker}))
+    return memo
+
+
+def _set_block(turns: list[dict], k: int, j: int, block: dict) -> None:
+    # A copy: the client's blocks stay as they were (kept messages share them).
+    content = _as_blocks(turns[k]["content"])
+    content[j] = block
+    turns[k]["content"] = content
+
+
+# ---------------------------------------------------------------- the format layer
+
+
+class _Exchange:
+    def __init__(self, body: dict) -> None:
+        self.body = body
+        self.messages, self.origins = to_normal(body)
+        self.model = str(body.get("model") or "")
+        self.tools = body.get("tools")
+        self.unmanaged = ""
+
+    def build(self, rendered: list[dict], prepared: list[dict], previous: Any) -> tuple[dict, Any]:
+        turns = to_messages(rendered, prepared, self.origins, self.body["messages"])
+        # A re-rendered history changes early, so the client's breakpoints at its end write
+        # entries no later request reads: they move to the end of the stable prefix. A history
+        # sent as it came keeps them (they are right for a growing conversation), plus that one.
+        memo = breakpoints(self.body, turns, previous, move=rendered != prepared)
+        return dict(self.body, messages=turns), memo
+
+
+def _usage(usage: Any) -> dict:
+    if not isinstance(usage, dict):
+        return {}
+    return usage_counts(usage.get("input_tokens"), usage.get("cache_read_input_tokens"),
+                        usage.get("cache_creation_input_tokens"), usage.get("output_tokens"))
+
+
+class _Stream:
+    """Rebuilds the answer from Messages SSE events (message_start, content_block_start / delta /
+    stop, message_delta, message_stop), as the Anthropic SDK accumulates it."""
+
+    def __init__(self) -> None:
+        self._events = EventReader()
+        self._blocks: dict[int, dict] = {}
+        self._json: dict[int, str] = {}
+        self._usage: dict = {}
+        self.done = False
+        self.broken = False
+
+    @property
+    def usage(self) -> dict:
+        return _usage(self._usage)
+
+    def feed(self, data: bytes) -> None:
+        for (_, payload) in self._events.feed(data):
+            try:
+                self._event(json.loads(payload))
+            except (ValueError, KeyError, TypeError, AttributeError):
+                self.broken = True
+
+    def _event(self, event: dict) -> None:
+        kind = event.get("type")
+        if kind == "message_start":
+            self._usage = dict(event["message"].get("usage") or {})
+        elif kind == "content_block_start":
+            self._blocks[event["index"]] = dict(event["content_block"])
+        elif kind == "content_block_delta":
+            block, delta = self._blocks[event["index"]], event["delta"]
+            step = delta.get("type")
+            if step == "text_delta":
+                block["text"] = block.get("text", "") + delta["text"]
+            elif step == "thinking_delta":
+                block["thinking"] = block.get("thinking", "") + delta["thinking"]
+            elif step == "signature_delta":
+                block["signature"] = delta["signature"]
+            elif step == "input_json_delta":
+                self._json[event["index"]] = self._json.get(event["index"], "") + delta["partial_json"]
+            elif step == "citations_delta":
+                block["citations"] = (block.get("citations") or []) + [delta["citation"]]
+        elif kind == "content_block_stop":
+            if event["index"] in self._json:
+                self._blocks[event["index"]]["input"] = json.loads(self._json.pop(event["index"]) or "{}")
+        elif kind == "message_delta":
+            # Cumulative counts: they replace the message_start ones they repeat.
+            self._usage.update({k: v for (k, v) in (event.get("usage") or {}).items() if v is not None})
+        elif kind == "message_stop":
+            self.done = True
+        elif kind == "error":
+            self.broken = True
+
+    def answer(self) -> dict | None:
+        if self.broken or not self.done or not self._blocks:
+            return None
+        return _assistant([self._blocks[i] for i in sorted(self._blocks)])
+
+
+class _Messages:
+    def parse(self, body: dict) -> _Exchange | None:
+        return _Exchange(body) if isinstance(body.get("messages"), list) else None
+
+    def answer(self, body: bytes) -> tuple[dict | None, dict]:
+        try:
+            payload = json.loads(body)
+        except ValueError:
+            return None, {}
+        if not isinstance(payload, dict):
+            return None, {}
+        usage = _usage(payload.get("usage"))
+        content = payload.get("content")
+        if payload.get("type") != "message" or not isinstance(content, list) or not all(isinstance(b, dict) for b in content):
+            return None, usage
+        return _assistant(content), usage
+
+    def reader(self) -> _Stream:
+        return _Stream()
+
+    def error(self, status: int, message: str, kind: str) -> dict:
+        if status in _ERROR_TYPES:
+            kind = _ERROR_TYPES[status]
+        elif status >= 500:
+            kind = "api_error"
+        else:
+            kind = "invalid_request_error"
+        return {"type": "error", "error": {"type": kind, "message": message}}
+
+
+FORMAT = _Messages()

@@ -1,0 +1,51 @@
+"""The Python layer's one door into the Jac modules: every name that the adapters
+(`contextrender_adapters`) and the evaluation harness (`contextrender_eval`) use from graph/,
+engine/ and walkers/, listed by the Jac module that defines it. No other module of those two packages imports
+a Jac module, so when one moves, this table is the only Python to change.
+
+Names load on first use (PEP 562): `from contextrender_adapters.core import content_text` imports
+engine/measure.jac and nothing else, so a command line that needs one helper does not wait for
+every walker to compile.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_FROM: dict[str, tuple[str, ...]] = {
+    # The endpoint walkers (adapters/endpoints.py lists the same names with their fields).
+    "walkers.ingest": ("ingest_events", "IngestSummary"),
+    "walkers.render": ("render_context", "render_variants", "explain_render", "configure_session"),
+    "walkers.sessions": ("get_session", "list_sessions", "delete_session", "export_graph", "health"),
+    "engine.config": ("RenderConfig", "MIN_BUDGET"),
+    "engine.plan": ("RenderResult", "ResultDecision"),
+    # The selector registry (each selector says what it embeds: `embeds_results`, `embeds_query()`)
+    # and the settings check against it.
+    "engine.selectors": ("SELECTORS", "render_settings"),
+    "engine.score": ("latest_exchange_text",),
+    "engine.errors": ("ContextRenderError", "InvalidRequest", "UnknownSession", "HistoryConflict"),
+    "engine.measure": ("content_text", "get_tokenizer", "EMBED_CLIP", "DEFAULT_ENCODING"),
+    "engine.values": ("recall_tokens",),
+    # The memory setting the proxy bounds its own per-session state by.
+    "engine.index": ("cache_bytes_setting",),
+    # The request rules the server also applies to every JSON body (adapters/server.py).
+    "engine.validate": ("MAX_DEPTH", "check_message"),
+}
+
+_MODULE_OF = {name: module for (module, names) in _FROM.items() for name in names}
+
+__all__ = sorted(_MODULE_OF)
+
+
+def __getattr__(name: str) -> Any:
+    module = _MODULE_OF.get(name)
+    if module is None:
+        raise AttributeError(f"module 'contextrender_adapters.core' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # later look-ups are plain attribute reads
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

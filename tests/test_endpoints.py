@@ -1,0 +1,136 @@
+"""adapters/endpoints.py: the endpoint table matches what the server serves, and Engine, Client
+and AsyncClient each have one method per endpoint that sends exactly its fields."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import inspect
+import json
+from pathlib import Path
+
+import httpx
+import pytest
+from jaclang.runtimelib.server import ModuleIntrospector
+
+from contextrender_adapters import AsyncClient, Client, Engine, InvalidRequest
+from contextrender_adapters.client import Rendered
+from contextrender_adapters.endpoints import ENDPOINTS
+from tests.conftest import assistant, call, tool, user
+
+REPO = Path(__file__).resolve().parent.parent
+# A value for each required parameter of an endpoint method.
+SAMPLES = {
+    "session_id": "s1",
+    "messages": [user("find the order"), assistant(None, call("c1", "lookup", {"q": "order"})),
+                 tool("c1", "ORDER_0001 shipped"), assistant("ORDER_0001 has shipped")],
+    "variants": [{"budget": 1000}, {"budget": 2000, "selector": "prune"}],
+    "budget": 1000,
+}
+
+
+def served_walkers() -> dict[str, type]:
+    """The walkers `jac start contextrender.jac` serves, found as jaclang's server finds them."""
+    return ModuleIntrospector(module_name="contextrender", base_path=str(REPO)).get_walkers()
+
+
+def call_every_method(target: object) -> list:
+    """Call each endpoint method of `target` with its required parameters only."""
+    outcomes = []
+    for endpoint in ENDPOINTS.values():
+        method = getattr(target, endpoint.method)
+        required = {
+            name: SAMPLES[name]
+            for (name, p) in inspect.signature(method).parameters.items()
+            if p.default is inspect.Parameter.empty and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)
+        }
+        outcomes.append((endpoint, method(**required)))
+    return outcomes
+
+
+def test_the_table_is_what_the_server_serves():
+    walkers = served_walkers()
+    assert set(ENDPOINTS) == set(walkers)
+    for name, cls in walkers.items():
+        fields = {f.name for f in dataclasses.fields(cls) if not f.name.startswith("_") and f.name != "reports"}
+        assert set(ENDPOINTS[name].fields) == fields, name
+
+
+@pytest.mark.parametrize("cls", [Engine, Client, AsyncClient])
+def test_every_endpoint_is_a_method(cls):
+    for endpoint in ENDPOINTS.values():
+        assert callable(getattr(cls, endpoint.method, None)), f"{cls.__name__} has no {endpoint.method}()"
+
+
+def test_each_method_sends_its_endpoint_and_exactly_its_fields():
+    sent: list[tuple[str, dict]] = []
+
+    class Recording(Engine):
+        def _call(self, walker, **fields):
+            sent.append((walker, fields))
+
+    call_every_method(Recording.__new__(Recording))
+    assert [w for (w, _) in sent] == list(ENDPOINTS)
+    for walker, fields in sent:
+        assert set(fields) == set(ENDPOINTS[walker].fields), walker
+
+
+def fake_server(sent: list) -> httpx.MockTransport:
+    """Answers each walker with a report of the kind the table names."""
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        walker = request.url.path.removeprefix("/walker/")
+        sent.append((walker, json.loads(request.content)))
+        render = {"messages": [user("hi")], "budget": 1000, "history_tokens": 5}
+        report = {"render": render, "renders": [render, render], "value": {"walker": walker}}[ENDPOINTS[walker].returns]
+        return httpx.Response(200, json={"ok": True, "data": {"reports": [report]}})
+
+    return httpx.MockTransport(answer)
+
+
+def check_client_calls(sent: list, outcomes: list) -> None:
+    assert [w for (w, _) in sent] == list(ENDPOINTS)
+    for (walker, body), (endpoint, outcome) in zip(sent, outcomes):
+        assert set(body) == set(endpoint.fields), walker
+        if endpoint.returns == "render":
+            assert isinstance(outcome, Rendered) and outcome.history_tokens == 5
+        elif endpoint.returns == "renders":
+            assert [type(r) for r in outcome] == [Rendered, Rendered]
+        else:
+            assert outcome == {"walker": walker}
+
+
+def test_the_client_posts_each_endpoint():
+    sent: list = []
+    with Client("http://cr.test", token="t", transport=fake_server(sent)) as client:
+        check_client_calls(sent, call_every_method(client))
+
+
+def test_the_async_client_posts_each_endpoint():
+    sent: list = []
+
+    async def run() -> list:
+        async with AsyncClient("http://cr.test", token="t", transport=fake_server(sent)) as client:
+            return [(endpoint, await pending) for (endpoint, pending) in call_every_method(client)]
+
+    check_client_calls(sent, asyncio.run(run()))
+
+
+def test_every_engine_method_runs_in_process(engine):
+    outcomes = dict((e.walker, outcome) for (e, outcome) in call_every_method(engine))
+    assert outcomes["ingest_events"].results == 1
+    assert outcomes["render_context"].history_tokens > 0
+    assert [r.budget for r in outcomes["render_variants"]] == [1000, 2000]
+    assert outcomes["explain_render"].selector == "prune"  # the last render was the second variant
+    assert outcomes["get_session"]["session_id"] == "s1"
+    assert [s["session_id"] for s in outcomes["list_sessions"]] == ["s1"]
+    assert outcomes["export_graph"]["nodes"]
+    assert outcomes["health"]["status"] == "ok"
+    assert outcomes["delete_session"]["deleted"] > 0
+    assert engine.list_sessions() == []
+
+
+def test_a_variant_that_is_not_an_object_is_refused(engine):
+    engine.ingest("s1", SAMPLES["messages"])
+    with pytest.raises(InvalidRequest, match="variants must be a list of objects"):
+        engine.render_variants("s1", [{"budget": 1000}, "prune"])

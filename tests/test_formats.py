@@ -1,0 +1,39 @@
+"""What the protocol format layers share: event streams, canonical parts, finding origins."""
+
+from __future__ import annotations
+
+import json
+
+from contextrender_adapters.formats import EventReader, origins_of, plain, usage_counts
+
+
+def test_events_come_whole_however_the_bytes_are_cut():
+    stream = (b'event: message_start\r\ndata: {"a": 1}\r\n\r\n: keep-alive\n\n'
+              b'event: content_block_delta\ndata: {"text": "h\xc3\xa9llo"}\n\ndata: [DONE]\n\n')
+    expected = [("message_start", '{"a": 1}'), ("content_block_delta", '{"text": "h\u00e9llo"}'), ("", "[DONE]")]
+    for size in (1, 2, 3, 7, len(stream)):
+        reader = EventReader()
+        got = [e for i in range(0, len(stream), size) for e in reader.feed(stream[i : i + size])]
+        assert got == expected, size
+    unfinished = EventReader()
+    assert unfinished.feed(b"data: tail") == [] and unfinished.close() == [("", "tail")]
+
+
+def test_plain_drops_nulls_and_named_keys_at_every_depth():
+    block = {"type": "text", "text": "x", "citations": None, "cache_control": {"type": "ephemeral"},
+             "content": [{"type": "text", "text": "y", "cache_control": {"type": "ephemeral"}, "extra": None}]}
+    assert plain(block, frozenset({"cache_control"})) == {"type": "text", "text": "x", "content": [{"type": "text", "text": "y"}]}
+    assert usage_counts(10, None, 3, True) == {"input_tokens": 10, "cache_creation_input_tokens": 3}
+
+
+def test_recurring_texts_find_their_own_position_from_the_end():
+    reminder = {"role": "user", "content": "<reminder/>"}
+    prepared = [{"role": "user", "content": "task"}, reminder, {"role": "assistant", "content": "a"}, reminder,
+                {"role": "assistant", "content": "b", "tool_calls": [{"id": "c1"}]}, {"role": "tool", "tool_call_id": "c1", "content": "r"},
+                reminder]
+    # The fold left out the first five: a marker, then the end of the conversation.
+    rendered = [{"role": "user", "content": "[marker]"}, {"role": "tool", "tool_call_id": "c1", "content": "stub"}, reminder]
+    assert origins_of(rendered, prepared, [True] * len(prepared)) == [None, 5, 6]
+    assert origins_of(prepared[1:], prepared, [True] * len(prepared)) == [1, 2, 3, 4, 5, 6]
+    assert origins_of([reminder], prepared, [True, True, True, True, True, True, False]) == [3]
+    assert json.dumps(prepared[1]) == json.dumps(reminder)
