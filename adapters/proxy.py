@@ -56,7 +56,7 @@ from starlette.background import BackgroundTask
 from starlette.concurrency import run_in_threadpool
 
 from contextrender_adapters import anthropic, core, responses, restore_loop
-from contextrender_adapters.core import InvalidRequest, UnknownSession, content_text, get_tokenizer
+from contextrender_adapters.core import InvalidRequest, UnknownSession, cache_bytes_setting, content_text, get_tokenizer
 from contextrender_adapters.formats import openai_usage
 from contextrender_adapters.streams import Decoder, StreamAnswer, body_answer
 
@@ -83,8 +83,11 @@ DEFAULT_RESTORE_ROUNDS = 3
 # Response headers: the restore rounds taken before the response started, and their usage.
 RESTORE_ROUNDS_HEADER = "x-contextrender-restore-rounds"
 RESTORE_USAGE_HEADER = "x-contextrender-restore-usage"
-# Sessions whose stored answers the proxy remembers (oldest forgotten first).
-MAX_SESSIONS = 10_000
+# The stored answers the proxy remembers, least recently used sessions forgotten first: this
+# share of CONTEXTRENDER_INDEX_CACHE_MB (the engine's indexes hold the rest; answers are small).
+STATE_SHARE = 16
+# A session's state without its answers (lock, counters, its table entry).
+STATE_BYTES = 600
 # Hop-by-hop headers (RFC 9110 7.6.1) and the ones the HTTP layer recomputes.
 _REQUEST_SKIP = {
     "host", "content-length", "connection", "keep-alive", "transfer-encoding", "te", "trailer",
@@ -349,6 +352,8 @@ class _SessionState:
         self.lock = asyncio.Lock()
         self.turn = 0
         self.answers: dict[int, dict] = {}
+        # Bytes it holds (estimated: its answers as JSON, plus STATE_BYTES).
+        self.size = STATE_BYTES
         # The encoding this process has checked the session counts with (None: not yet).
         self.encoding: str | None = None
         # What the format layer remembered of the last forwarded request (prompt cache placement).
@@ -358,6 +363,10 @@ class _SessionState:
         self.warned = False
         # Whether its last request went upstream unmanaged (warned once until it is managed again).
         self.unmanaged = False
+
+
+def _answer_bytes(message: dict) -> int:
+    return 2 * len(json.dumps(message, ensure_ascii=False)) + STATE_BYTES
 
 
 def _error(fmt: Any, status: int, message: str, kind: str) -> JSONResponse:
@@ -410,8 +419,10 @@ class _Proxy:
         self.client = client
         self.upstream_timeout = upstream_timeout
         # Per session, least recently used first: its lock, its request count, and the answers
-        # the proxy stored, by their position in the message list.
+        # the proxy stored, by their position in the message list; within `max_state_bytes`.
         self._sessions: OrderedDict[str, _SessionState] = OrderedDict()
+        self.max_state_bytes = cache_bytes_setting() // STATE_SHARE
+        self.state_bytes = 0
 
     # -- upstream plumbing
 
@@ -688,17 +699,34 @@ class _Proxy:
 
     def session(self, session_id: str) -> _SessionState:
         """The session's state, marked as just used; the least recently used idle sessions are
-        forgotten beyond MAX_SESSIONS (their answers then match by normal form only)."""
+        forgotten while the states hold more than `max_state_bytes` (their answers then match by
+        normal form only, as the engine matches echoes)."""
         state = self._sessions.get(session_id)
         if state is None:
             state = self._sessions[session_id] = _SessionState()
+            self.state_bytes += state.size
         self._sessions.move_to_end(session_id)
-        while len(self._sessions) > MAX_SESSIONS:
+        while self.state_bytes > self.max_state_bytes and len(self._sessions) > 1:
             (oldest, old) = next(iter(self._sessions.items()))
-            if old.lock.locked():
+            if old.lock.locked() or old is state:
                 break  # in use: forget it later
             del self._sessions[oldest]
+            self.state_bytes -= old.size
         return state
+
+    def remember(self, state: _SessionState, position: int, message: dict) -> None:
+        self.forget(state, [position])
+        state.answers[position] = message
+        size = _answer_bytes(message)
+        state.size += size
+        self.state_bytes += size
+
+    def forget(self, state: _SessionState, positions: list[int]) -> None:
+        for position in positions:
+            if position in state.answers:
+                size = _answer_bytes(state.answers.pop(position))
+                state.size -= size
+                self.state_bytes -= size
 
     def reconcile(self, session_id: str, messages: list) -> list:
         """The message list as the session stores it: assistant messages in normal form, and
@@ -706,14 +734,14 @@ class _Proxy:
         from streams or SDK objects: `content` "" for null, extra keys in tool calls). Without
         this the engine, which compares exactly, would take every echoed answer for a rewrite."""
         messages = [_normal(m) for m in messages]
-        stored = self.session(session_id).answers
+        state = self.session(session_id)
+        stored = state.answers
         for position in sorted(stored):
             if position < len(messages) and _same_turn(messages[position], stored[position]):
                 messages[position] = stored[position]
                 continue
             # History rewritten (or cut) here: the engine forks; later answers are on the old branch.
-            for later in [p for p in stored if p >= position]:
-                del stored[later]
+            self.forget(state, [p for p in stored if p >= position])
             break
         return messages
 
@@ -765,7 +793,7 @@ class _Proxy:
             if state.turn != turn:
                 message = None  # a later request of the session has been rendered meanwhile
             if message is not None:
-                state.answers[position] = message
+                self.remember(state, position, message)
             if usage:
                 usage = usage | {"estimated_input_tokens": estimate + extra_estimate}
             if message is None and not usage:

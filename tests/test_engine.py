@@ -47,6 +47,76 @@ def test_a_failed_call_stores_nothing(engine):
     assert engine.get_session("s", include_messages=True)["messages"] == new[:1]
 
 
+def _turns(tag: str, rounds: int) -> list[list[dict]]:
+    """The message list an agent sends at each of `rounds` tool rounds."""
+    messages = [{"role": "system", "content": "You are a test agent."}, {"role": "user", "content": f"task {tag}"}]
+    lists = []
+    for n in range(rounds):
+        call_id = f"{tag}-c{n}"
+        messages = messages + [
+            {"role": "assistant", "content": None, "tool_calls": [{"id": call_id, "type": "function", "function": {"name": "step", "arguments": json.dumps({"n": n})}}]},
+            {"role": "tool", "tool_call_id": call_id, "content": f"VALUE_{tag}_{n:04d} " * 40},
+        ]
+        lists.append(messages)
+    return lists
+
+
+def test_threads_on_different_sessions_all_succeed_with_nothing_lost(engine):
+    from concurrent.futures import ThreadPoolExecutor
+
+    rounds = 6
+
+    def agent(tag: str) -> int:
+        for messages in _turns(tag, rounds):
+            result = engine.render(tag, messages, budget=400)
+            assert result.messages[-1] == messages[-1] or result.selected
+        return engine.get_session(tag)["events"]
+
+    tags = [f"t{n}" for n in range(8)]
+    with ThreadPoolExecutor(len(tags)) as pool:
+        events = list(pool.map(agent, tags))
+    assert events == [1 + 2 * rounds] * len(tags)
+    # Every write reached the store: a new engine (another process's view) sees it all.
+    fresh = Engine(engine.store)
+    for tag in tags:
+        assert fresh.get_session(tag, include_messages=True)["messages"] == _turns(tag, rounds)[-1]
+    assert sorted(s["session_id"] for s in fresh.list_sessions()) == sorted(tags)
+    assert len(engine._locks) == 0  # the lock table holds only sessions with calls in flight
+
+
+def test_calls_on_one_session_take_turns_and_other_sessions_do_not_wait(engine, monkeypatch):
+    import threading
+    import time
+
+    engine.ingest("a", [{"role": "user", "content": "a"}])
+    engine.ingest("b", [{"role": "user", "content": "b"}])
+    inside: dict[str, int] = {"a": 0, "b": 0}
+    most: dict[str, int] = {"a": 0, "b": 0}
+    both = threading.Event()
+    real = engine._attempt
+
+    def attempt(walker):
+        session = walker.session_id
+        inside[session] += 1
+        most[session] = max(most[session], inside[session])
+        if inside["a"] and inside["b"]:
+            both.set()
+        time.sleep(0.2)
+        try:
+            return real(walker)
+        finally:
+            inside[session] -= 1
+
+    monkeypatch.setattr(engine, "_attempt", attempt)
+    threads = [threading.Thread(target=engine.get_session, args=(s,)) for s in ("a", "a", "a", "b")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert most == {"a": 1, "b": 1}  # never two calls inside one session at once
+    assert both.is_set()  # while "a" was busy, "b" ran
+
+
 def test_usage_reports_add_up_and_a_bad_one_changes_nothing(engine):
     messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]
     engine.ingest("u", messages, usage={"input_tokens": 90, "cache_read_input_tokens": 10, "output_tokens": 5, "estimated_input_tokens": 110})

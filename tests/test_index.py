@@ -89,3 +89,76 @@ def test_user_messages_and_results_are_not_operations():
         tool("c2", "KEY_123456 again"),
     ])
     assert index.reuse_scores()[0] == 0
+
+
+# ---------------------------------------------------------------- the cache of indexes
+
+
+def swe_history(results: int) -> list[dict]:
+    from tests.conftest import load_traces
+
+    messages = load_traces("mini_swe_agent_deepseek.jsonl")[0]["messages"]
+    history = [m for m in messages if m["role"] != "system"]
+    calls = [i for i, m in enumerate(history) if m["role"] == "tool"]
+    return messages[:1] + history[: calls[results - 1] + 1] + [user("Continue.")]
+
+
+@pytest.fixture
+def empty_cache():
+    """The process-wide cache without the indexes of earlier tests."""
+    from engine.index import SESSION_CACHE
+
+    for key in list(SESSION_CACHE._indexes):
+        SESSION_CACHE.drop(key)
+    return SESSION_CACHE
+
+
+def test_the_size_estimate_is_close_to_what_python_allocates(engine, empty_cache):
+    import gc
+    import tracemalloc
+
+    cache = empty_cache
+    messages = swe_history(40)
+    engine.render("big", messages, budget=3000)
+    cache.drop(next(iter(cache._indexes)))
+    gc.collect()
+    tracemalloc.start()
+    before = tracemalloc.get_traced_memory()[0]
+    engine.render("big", messages, budget=3000)  # rebuilds the index from the store
+    gc.collect()
+    held = tracemalloc.get_traced_memory()[0] - before
+    tracemalloc.stop()
+    estimate = next(iter(cache._indexes.values())).size_bytes()
+    assert 0.75 < estimate / held < 1.33, (estimate, held)
+
+
+def test_an_evicted_session_renders_the_same_after_its_rebuild(engine, monkeypatch, empty_cache):
+    cache = empty_cache
+
+    first, second = swe_history(30), swe_history(20)
+    before = engine.render("first", first, budget=2500, explain=True)
+    assert before.selected
+    # A cap that holds one of these indexes: rendering the second evicts the first.
+    monkeypatch.setattr(cache, "max_bytes", int(cache.total_bytes * 1.2))
+    engine.render("second", second, budget=2500)
+    assert len(cache) == 1 and cache.total_bytes <= cache.max_bytes
+    after = engine.render("first", first, budget=2500, explain=True)
+    assert after.messages == before.messages
+    assert [vars(d) for d in after.decisions] == [vars(d) for d in before.decisions]
+    assert (after.kept, after.omitted, after.history_tokens) == (before.kept, before.omitted, before.history_tokens)
+    # And what comes next extends the rebuilt index as it would have the first.
+    more = first + [assistant("Done with KEY_1.")]
+    assert engine.render("first", more, budget=2500).messages[-1] == more[-1]
+    engine.render("second", second, budget=2500)  # evicts "first" again
+    assert engine.explain("first").messages == engine.render("first", more, budget=2500).messages
+
+
+def test_the_cache_size_setting_must_be_a_positive_number(monkeypatch):
+    from engine.index import cache_bytes_setting
+
+    monkeypatch.setenv("CONTEXTRENDER_INDEX_CACHE_MB", "64")
+    assert cache_bytes_setting() == 64 * 1024 * 1024
+    for bad in ("0", "-5", "lots", "nan", "inf"):
+        monkeypatch.setenv("CONTEXTRENDER_INDEX_CACHE_MB", bad)
+        with pytest.raises(SystemExit, match="CONTEXTRENDER_INDEX_CACHE_MB must be a positive number"):
+            cache_bytes_setting()

@@ -397,3 +397,27 @@ def test_an_empty_answer_keeps_a_content_string():
     assert _normal({"role": "assistant", "content": ""}) == _normal({"role": "assistant", "content": None})
     with_call = {"role": "assistant", "content": "", "tool_calls": [call("c1", "f", {})]}
     assert _normal(with_call)["content"] is None and _normal(dict(with_call, content=None)) == _normal(with_call)
+
+
+def test_the_answers_the_proxy_keeps_stay_within_their_share_of_memory(engine, upstream):
+    app = create_app(engine, upstream.base_url, BUDGET)
+    state = app.state.proxy
+    state.max_state_bytes = 6000  # about three sessions with one answer each
+    answers = {}
+    with LoopbackServer(app) as server:
+        for n in range(8):
+            upstream.enqueue(content=f"answer number {n} " * 10)
+            response = httpx.post(f"{server.url}/v1/chat/completions", json={"model": "m", "messages": [SYSTEM, user(f"task {n}")]},
+                                  headers={SESSION_HEADER: f"s{n}"})
+            answers[n] = response.json()["choices"][0]["message"]
+            wait_for_events(engine, f"s{n}", 2)
+            assert state.state_bytes <= state.max_state_bytes
+        assert 1 < len(state._sessions) < 8 and "s0" not in state._sessions
+        assert state.state_bytes == sum(s.size for s in state._sessions.values())
+        # A forgotten session's answer, echoed back with SDK fields, is still its stored answer.
+        echoed = answers[0] | {"refusal": None, "annotations": []}
+        upstream.enqueue(content="next")
+        httpx.post(f"{server.url}/v1/chat/completions", json={"model": "m", "messages": [SYSTEM, user("task 0"), echoed, user("more")]},
+                   headers={SESSION_HEADER: "s0"})
+        wait_for_events(engine, "s0", 4)
+    assert engine.get_session("s0")["branch"] == 0

@@ -1,0 +1,127 @@
+"""Finding the caller's session (walkers/session.jac): one load by a derived id among any number of
+sessions, and stores from before the session directory."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+
+import pytest
+
+from contextrender_adapters import Engine, UnknownSession
+from tests.conftest import assistant, call, tool, user
+
+
+def conversation(tag: str) -> list[dict]:
+    return [
+        {"role": "system", "content": f"You are agent {tag}."},
+        user(f"look up {tag}"),
+        assistant(None, call(f"{tag}-c1", "lookup", {"q": tag})),
+        tool(f"{tag}-c1", f"record REC_{tag.upper()}_0001 found"),
+        assistant(f"Found REC_{tag.upper()}_0001."),
+    ]
+
+
+@pytest.fixture
+def loads(monkeypatch):
+    """`loads(calls)`: how many nodes and edges `calls()` reads from SQLite (jaclang's L3)."""
+    from jaclang.runtimelib.memory import SqliteMemory
+
+    real = SqliteMemory.get
+    count = [0]
+
+    def counted(self, id):
+        before = self.l3_fetch_count
+        found = real(self, id)
+        count[0] += self.l3_fetch_count - before
+        return found
+
+    monkeypatch.setattr(SqliteMemory, "get", counted)
+
+    def counting(calls) -> int:
+        count[0] = 0
+        calls()
+        return count[0]
+
+    return counting
+
+
+def test_a_session_is_found_among_many_with_the_loads_it_takes_alone(engine, loads):
+    follow_up = conversation("probe") + [user("and then?")]
+    engine.render("probe", follow_up, budget=1000)
+
+    def calls():
+        engine.render("probe", follow_up, budget=1000)
+        engine.get_session("probe")
+
+    alone = loads(calls)
+    for n in range(150):
+        engine.ingest(f"other-{n}", conversation(f"o{n}"))
+    among_many = loads(calls)
+    # The call reads the same nodes whatever else is stored: no scan of the other sessions.
+    assert among_many == alone
+    assert engine.render("probe", follow_up, budget=1000).messages == follow_up
+    assert engine.get_session("other-77", include_messages=True)["messages"] == conversation("o77")
+    with pytest.raises(UnknownSession):
+        engine.get_session("other-150")
+    engine.ingest("other-150", conversation("o150"))
+    listed = [s["session_id"] for s in engine.list_sessions()]
+    assert listed == ["probe"] + [f"other-{n}" for n in range(151)]
+
+
+def test_an_unknown_session_creates_nothing(engine):
+    with pytest.raises(UnknownSession):
+        engine.get_session("ghost")
+    with pytest.raises(UnknownSession):
+        engine.delete_session("ghost")
+    assert engine.list_sessions() == []
+
+
+def _root_edges(store) -> int:
+    with sqlite3.connect(next((store / ".jac" / "data").glob("*.db"))) as db:
+        row = db.execute("SELECT data FROM anchors WHERE arch_type = 'Root'").fetchone()
+    return len(json.loads(row[0])["edges"])
+
+
+def test_sessions_stored_off_the_root_move_onto_shelves_and_stay_found(tmp_path):
+    """Stores written before the directory hung every session off the root, with random node ids."""
+    from jaclang.jac0core.runtime import JacRuntime, JacUtils
+    from jaclang.lib import connect
+
+    from graph.context import Session
+    from walkers.ingest import ingest
+
+    store = tmp_path / "store"
+    Engine(store).close()  # creates the store
+    ctx = JacUtils.create_j_context(user_root=None, base_path_dir=str(store))
+    token = JacRuntime.push_request_context(ctx)
+    try:
+        root = ctx.get_root()
+        for tag in ("old1", "old2", "old3"):
+            session = Session(session_id=tag, created_at=time.time())
+            connect(root, session)
+            ingest(session, conversation(tag))
+    finally:
+        JacRuntime.reset_request_context(token)
+        ctx.close()
+    assert _root_edges(store) == 3
+
+    engine = Engine(store)
+    # Reads find them where they are, and move nothing.
+    assert engine.get_session("old2", include_messages=True)["messages"] == conversation("old2")
+    assert [s["session_id"] for s in engine.list_sessions()] == ["old1", "old2", "old3"]
+    assert _root_edges(store) == 3
+    # The first call that may create a session moves them all below the directory.
+    more = conversation("old1") + [user("again")]
+    assert engine.render("old1", more, budget=1000).messages == more
+    assert _root_edges(store) == 1
+    assert engine.get_session("old1")["events"] == len(more) - 1
+    assert engine.get_session("old3", include_messages=True)["messages"] == conversation("old3")
+    engine.ingest("new", conversation("new"))
+    assert [s["session_id"] for s in engine.list_sessions()] == ["old1", "old2", "old3", "new"]
+    assert engine.delete_session("old2")["deleted"]
+    with pytest.raises(UnknownSession):
+        engine.get_session("old2")
+    # A new engine (as after a restart) finds them the same way.
+    assert [s["session_id"] for s in Engine(store).list_sessions()] == ["old1", "old3", "new"]
