@@ -49,20 +49,40 @@ def median_ms(samples: list[float]) -> float:
     return statistics.median(samples) * 1000
 
 
-def bench_render(engine: Engine, messages: list[dict], budget: int, repeat: int) -> tuple[float, float]:
+def bench_render(engine: Engine, messages: list[dict], budget: int, repeat: int, **settings: object) -> tuple[float, float]:
     """Medians of `Engine.render` end to end and of the render computation inside it (scores,
     selection, assembly: the result's `render_ms`, without the walker spawn and the store
     commit that every Engine call pays)."""
-    session = f"render-{len(messages)}"
+    session = f"render-{len(messages)}-{sorted(settings.items())}"
     engine.ingest(session, messages)
     samples, computation = [], []
     for _ in range(repeat):
         start = time.perf_counter()
-        result = engine.render(session, messages, budget=budget)
+        result = engine.render(session, messages, budget=budget, **settings)
         samples.append(time.perf_counter() - start)
         computation.append(result.render_ms / 1000)
     assert result.selected and result.history_tokens <= budget
     return median_ms(samples), median_ms(computation)
+
+
+def bench_growing(engine: Engine, pairs: list[tuple[dict, dict]], results: int, budget: int, repeat: int) -> dict[str, tuple[float, float, int]]:
+    """The stable policy as an agent meets it: one tool round more before every call. Medians of
+    `Engine.render` end to end and of the render computation, and the count, by mode (append,
+    re-render)."""
+    session = f"growing-{results}"
+    engine.ingest(session, history(pairs, results)[:-1])
+    engine.render(session, budget=budget)
+    by_mode: dict[str, tuple[list, list]] = {}
+    for k in range(1, repeat + 1):
+        messages = history(pairs, results + k)[:-1]
+        start = time.perf_counter()
+        result = engine.render(session, messages, budget=budget)
+        seconds = time.perf_counter() - start
+        assert result.history_tokens <= budget
+        samples, computation = by_mode.setdefault(result.mode, ([], []))
+        samples.append(seconds)
+        computation.append(result.render_ms / 1000)
+    return {mode: (median_ms(a), median_ms(b), len(a)) for mode, (a, b) in by_mode.items()}
 
 
 def bench_ingest(engine: Engine, pairs: list[tuple[dict, dict]], results: int, chunk: int) -> tuple[float, float]:
@@ -108,12 +128,21 @@ def main() -> None:
         for results in args.sizes:
             repeat = args.repeat if results < 1000 else max(5, args.repeat // 3)
             start = time.perf_counter()
-            p50, compute = bench_render(engine, history(pairs, results), args.budget, repeat)
-            print(
-                f"render, {results:>6} results, B={args.budget}: Engine.render p50 {p50:8.2f} ms, "
-                f"render computation p50 {compute:8.2f} ms  (n={repeat}; setup+runs {time.perf_counter() - start:.0f} s)",
-                flush=True,
-            )
+            # The same history rendered again and again: every call selects (per-call), or appends
+            # nothing to its previous render (stable, the default).
+            for label, settings in (("per-call", {"policy": "per-call"}), ("stable, same history", {})):
+                p50, compute = bench_render(engine, history(pairs, results), args.budget, repeat, **settings)
+                print(
+                    f"render, {results:>6} results, B={args.budget}, {label}: Engine.render p50 {p50:8.2f} ms, "
+                    f"render computation p50 {compute:8.2f} ms  (n={repeat}; setup+runs {time.perf_counter() - start:.0f} s)",
+                    flush=True,
+                )
+            for mode, (p50, compute, n) in sorted(bench_growing(engine, pairs, results, args.budget, repeat).items()):
+                print(
+                    f"render, {results:>6} results, B={args.budget}, stable, one round more per call, {mode}: "
+                    f"Engine.render p50 {p50:8.2f} ms, render computation p50 {compute:8.2f} ms  (n={n})",
+                    flush=True,
+                )
         print(f"ingest computation only (tokens, values, embeddings; no store), 2,000 results: {ingest_computation(pairs, 2000):.2f} MB/s", flush=True)
         for chunk in (2000, 50):
             rate, megabytes = bench_ingest(Engine(Path(store) / f"i{chunk}"), pairs, 2000, chunk)

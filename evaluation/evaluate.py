@@ -197,6 +197,9 @@ class VariantStats:
     usage: dict[str, Usage] = field(default_factory=dict)
     needs_management: dict[str, bool] = field(default_factory=dict)
     summary_calls: int = 0
+    # Managed renders that appended to the previous one, and that re-rendered (stable policy).
+    appends: int = 0
+    rerenders: int = 0
 
     def recall(self, bin_name: str | None = None) -> float:
         names = [bin_name] if bin_name else list(self.events)
@@ -215,6 +218,7 @@ class VariantStats:
             "latency_ms": [round(x, 3) for x in self.latency_ms],
             "usage": {k: vars(v) for k, v in self.usage.items()},
             "needs_management": self.needs_management, "summary_calls": self.summary_calls,
+            "appends": self.appends, "rerenders": self.rerenders,
         }
 
     @classmethod
@@ -223,6 +227,8 @@ class VariantStats:
         for name in ("events", "hits", "renders", "managed", "history_sum", "history_max", "input_sum",
                      "input_max", "latency_ms", "needs_management", "summary_calls"):
             setattr(stats, name, data[name])
+        for name in ("appends", "rerenders"):  # raw files written before the stable policy lack them
+            setattr(stats, name, data.get(name, 0))
         stats.usage = {k: Usage(**v) for k, v in data["usage"].items()}
         return stats
 

@@ -143,6 +143,8 @@ class Replayer:
                 stats.input_sum += inputs
                 stats.input_max = max(stats.input_max, inputs)
                 stats.summary_calls += result.summary_calls
+                stats.appends += int(result.mode == "append")
+                stats.rerenders += int(result.mode == "re-render")
                 if managed:
                     stats.latency_ms.append(result.render_ms)
                 if events:
@@ -197,6 +199,7 @@ def summarise(stats: dict[Variant, VariantStats], prices: Prices = Prices()) -> 
                 "input_mean": v.input_sum / v.renders if v.renders else 0.0, "input_max": v.input_max,
                 "latency_p50_ms": percentile(v.latency_ms, 50), "latency_p95_ms": percentile(v.latency_ms, 95),
                 "summary_calls": v.summary_calls,
+                "rerender_share": v.rerenders / v.managed if v.managed else 0.0,
             }
             row.update(costs.get(selector, {}))
             rows.append(row)
@@ -214,6 +217,7 @@ TABLE_COLUMNS = (
     ("<=3", "<=3", 1), ("4-10", "4-10", 1), ("11-25", "11-25", 1), (">25", ">25", 1),
     ("hist mean", "history_mean", 0), ("hist max", "history_max", 0), ("max/B", "history_max_over_budget", 2),
     ("input mean", "input_mean", 0), ("managed %", "managed_pct", 0),
+    ("re-render %", "rerender_pct", 0), ("cache hit %", "cache_pct", 1),
     ("cost eq3/full", "ratio_eq3", 3), ("cost cache/full", "ratio_cached", 3),
     ("p50 ms", "latency_p50_ms", 2), ("p95 ms", "latency_p95_ms", 2),
 )
@@ -222,7 +226,10 @@ TABLE_COLUMNS = (
 def table_rows(rows: list[dict]) -> list[list[str]]:
     out = []
     for row in rows:
-        flat = dict(row) | row["recall_by_age"] | {"managed_pct": 100.0 * row["managed_share"]}
+        flat = dict(row) | row["recall_by_age"] | {
+            "managed_pct": 100.0 * row["managed_share"], "rerender_pct": 100.0 * row["rerender_share"],
+            "cache_pct": 100.0 * row.get("own_cache_rate", float("nan")),
+        }
         out.append([_fmt(flat.get(key, float("nan")), digits) for _, key, digits in TABLE_COLUMNS])
     return out
 

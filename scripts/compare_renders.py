@@ -1,7 +1,7 @@
 """Record every render of a replay, then compare two recordings: a refactor proves itself when the
 recording after it is identical to the one before it.
 
-    python scripts/compare_renders.py record OUT.jsonl [--limit-tau 40 --limit-swe 22 --limit-mini 4]
+    python scripts/compare_renders.py record OUT.jsonl [--limit-tau 40 --limit-swe 22 --limit-mini 4] [--set NAME=JSON ...]
     python scripts/compare_renders.py compare BEFORE.jsonl AFTER.jsonl
 
 `record` replays the first traces of each file in ../shared/traces turn by turn through the public
@@ -38,7 +38,7 @@ def _decision(d: object) -> list:
     return [round(v, 9) if isinstance(v, float) else v for v in (getattr(d, f) for f in fields)]
 
 
-def record(out: Path, limits: dict[str, int]) -> None:
+def record(out: Path, limits: dict[str, int], settings: dict | None = None) -> None:
     from contextrender_adapters import Engine
     from contextrender_eval.replay import assistant_turns
 
@@ -48,7 +48,7 @@ def record(out: Path, limits: dict[str, int]) -> None:
         with out.open("w") as sink:
             for name, budgets in SETS.items():
                 rows = [json.loads(line) for line in (TRACES / f"{name}.jsonl").open() if line.strip()]
-                variants = [{"selector": s, "budget": b, "summariser": "offline"} for b in budgets for s in SELECTORS]
+                variants = [{"selector": s, "budget": b, "summariser": "offline"} | (settings or {}) for b in budgets for s in SELECTORS]
                 for trace in rows[: limits[name]]:
                     engine = Engine(root / f"{name}-{trace['id']}")
                     for j, _ in assistant_turns(engine, trace["id"], trace["messages"]):
@@ -90,13 +90,16 @@ def main() -> int:
     rec.add_argument("--limit-tau", type=int, default=40)
     rec.add_argument("--limit-swe", type=int, default=22)
     rec.add_argument("--limit-mini", type=int, default=4)
+    rec.add_argument("--set", dest="settings", action="append", default=[], metavar="NAME=JSON",
+                     help="a render setting for every variant, e.g. --set policy='\"per-call\"' (repeatable)")
     cmp = commands.add_parser("compare", help="compare two recordings; exit 1 on any difference")
     cmp.add_argument("before", type=Path)
     cmp.add_argument("after", type=Path)
     args = parser.parse_args()
     if args.command == "record":
+        settings = {name: json.loads(value) for name, _, value in (item.partition("=") for item in args.settings)}
         record(args.out, {"tau_bench": args.limit_tau, "swe_agent_demos": args.limit_swe,
-                          "mini_swe_agent_deepseek": args.limit_mini})
+                          "mini_swe_agent_deepseek": args.limit_mini}, settings)
         return 0
     return compare(args.before, args.after)
 

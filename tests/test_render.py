@@ -30,6 +30,11 @@ def assert_sound(result, budget: int) -> None:
     assert pairing_problems(result.messages) == []
 
 
+# The paper's selection exactly: from scratch at every call, prose folded only when it alone
+# exceeds B (the stable policy and the prose share are tested in tests/test_stability.py).
+PAPER = {"policy": "per-call", "prose_share": 1.0, "condense": False}
+
+
 def filler(word: str, n: int) -> str:
     return " ".join(f"{word}{i}" for i in range(n))
 
@@ -86,7 +91,7 @@ def test_exact_ties_favour_the_older_result(engine):
     ]
     one = TOK.message_tokens(messages[2])
     budget = TOK.message_tokens(messages[0]) + TOK.message_tokens(messages[1]) + one + 40
-    result = engine.render("s", messages, budget=budget, omitted="drop", explain=True)
+    result = engine.render("s", messages, budget=budget, omitted="drop", explain=True, **PAPER)
     by_call = {d.call_id: d for d in result.decisions}
     assert by_call["a"].usefulness == by_call["b"].usefulness
     assert by_call["a"].status == "kept" and by_call["b"].status == "omitted"
@@ -103,7 +108,7 @@ def test_omitted_result_returns_when_its_reuse_rises(engine):
         tool("c2", filler("sunny", 130)),
     ]
     budget = 330
-    first = engine.render("s", messages, budget=budget, omitted="drop", explain=True)
+    first = engine.render("s", messages, budget=budget, omitted="drop", explain=True, **PAPER)
     status = {d.call_id: d.status for d in first.decisions}
     assert status == {"c1": "omitted", "c2": "kept"}
     # Later operations reuse a value first introduced by the omitted result.
@@ -113,7 +118,7 @@ def test_omitted_result_returns_when_its_reuse_rises(engine):
         assistant("ACCT_90210 is the one"),
         user("and?"),
     ]
-    later = engine.render("s", messages, budget=budget, omitted="drop", explain=True)
+    later = engine.render("s", messages, budget=budget, omitted="drop", explain=True, **PAPER)
     status = {d.call_id: d.status for d in later.decisions}
     assert status["c1"] == "kept" and status["c2"] == "omitted"
     decision = next(d for d in later.decisions if d.call_id == "c1")
@@ -146,7 +151,7 @@ def test_stub_mode_keeps_every_call_answered_and_charges_stubs(engine):
     for i in range(8):
         messages += [assistant(f"step {i}", call(f"c{i}", "read", {"f": f"file{i}.py"})), tool(f"c{i}", filler("line", 200))]
     budget = 900
-    result = engine.render("s", messages, budget=budget, explain=True)
+    result = engine.render("s", messages, budget=budget, explain=True, **PAPER)
     assert result.selected and result.omitted > 0
     stubs = [m for m in result.messages if m["role"] == "tool" and "omitted to fit" in m["content"]]
     assert len(stubs) == result.omitted
@@ -160,7 +165,7 @@ def test_non_tool_history_beyond_budget_is_folded_with_a_marker(engine):
         messages += [user(f"question {i} " + filler("q", 60)), assistant(f"answer {i} " + filler("a", 60))]
     messages.append(user("latest"))
     budget = 1000
-    result = engine.render("s", messages, budget=budget)
+    result = engine.render("s", messages, budget=budget, **PAPER)
     assert result.folded_messages > 0
     history = history_of(result)
     assert "oldest messages" in history[0]["content"]

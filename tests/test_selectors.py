@@ -11,7 +11,7 @@ from contextrender_adapters import InvalidRequest, RenderConfig
 from contextrender_adapters.checks import pairing_problems
 from engine.measure import get_tokenizer
 from tests.conftest import assistant, call, in_new_process, tool, user
-from tests.test_render import filler
+from tests.test_render import PAPER, filler
 from engine.selectors import SELECTORS, render_settings
 
 TOK = get_tokenizer()
@@ -81,7 +81,7 @@ def test_prune_keeps_the_newest_results_that_fit_and_skips_one_that_does_not(eng
     # Exactly the room for the newest small results (each with its call), not for the big one.
     pair = {i: TOK.message_tokens(messages[1 + 2 * i]) + TOK.message_tokens(messages[2 + 2 * i]) for i in range(5)}
     budget = TOK.message_tokens(messages[0]) + pair[4] + pair[2] + pair[1] + 2
-    result = engine.render("s", messages, budget=budget, selector="prune", omitted="drop", explain=True)
+    result = engine.render("s", messages, budget=budget, selector="prune", omitted="drop", explain=True, **PAPER)
     assert kept(result) == {"c4", "c2", "c1"}
     picks = sorted((d.pick, d.call_id) for d in result.decisions if d.pick >= 0)
     assert [h for _, h in picks] == ["c4", "c2", "c1"]  # newest first; c3 skipped, not a stop
@@ -99,7 +99,7 @@ def test_semantic_takes_recent_turns_first_then_the_closest_older_result(engine)
     recent = sum(TOK.message_tokens(m) for m in messages[6:12] if m["role"] == "tool")
     budget = base + recent + cost + 20
     # The whole recent quota (recent_share=1) so that all three recent results come first.
-    result = engine.render("s", messages, budget=budget, selector="semantic", omitted="drop", recent_share=1.0, explain=True)
+    result = engine.render("s", messages, budget=budget, selector="semantic", omitted="drop", recent_share=1.0, explain=True, **PAPER)
     assert kept(result) == {"r0", "r1", "r2", "old_fruit"}
     picks = [h for _, h in sorted((d.pick, d.call_id) for d in result.decisions if d.pick >= 0)]
     assert picks == ["r2", "r1", "r0", "old_fruit"]
@@ -116,10 +116,10 @@ def test_semantic_recent_results_use_at_most_their_share_of_the_budget(engine):
     # Room for two recent results and one more (r0 or the older relevant one), not both.
     budget = base + pair[5] + pair[7] + max(pair[1], pair[3]) + 2
     quota = (pair[5] + pair[7] + 1) / budget  # r2 and r1 fit the recent quota, r0 does not
-    tight = engine.render("s", messages, budget=budget, selector="semantic", omitted="drop", recent_share=quota, explain=True)
+    tight = engine.render("s", messages, budget=budget, selector="semantic", omitted="drop", recent_share=quota, explain=True, **PAPER)
     assert kept(tight) == {"r2", "r1", "old"}
     assert sum(d.cost for d in tight.decisions if d.pick in (0, 1)) <= quota * budget
-    loose = engine.render("s", messages, budget=budget, selector="semantic", omitted="drop", recent_share=1.0, explain=True)
+    loose = engine.render("s", messages, budget=budget, selector="semantic", omitted="drop", recent_share=1.0, explain=True, **PAPER)
     assert kept(loose) == {"r2", "r1", "r0"}
 
 

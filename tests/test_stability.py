@@ -1,0 +1,244 @@
+"""The cache-stable render policy (engine/stability.jac) and the prose share (engine/prose.jac):
+appends, re-renders, hysteresis, partial re-renders, the epoch state on the graph, and the share
+of B left to tool results. Every render is checked for Tok(H) <= B and valid tool-call pairing."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from contextrender_adapters import Engine
+from engine.measure import get_tokenizer
+from tests.conftest import assistant, call, tool, user
+from tests.test_render import assert_sound, filler, history_of
+
+TOK = get_tokenizer()
+
+
+def session(rounds: int, size: int = 60, prose: str = "") -> list[dict]:
+    """A coding-agent-like history: one task, then rounds of a call and its result, each
+    result introducing a value (VALUE_<i>00) that no other message holds."""
+    messages = [user("fix the failing test")]
+    for i in range(rounds):
+        text = f"step {i} {prose}".strip()
+        messages += [assistant(text, call(f"c{i}", "read", {"path": f"src/mod_{i}.py"})),
+                     tool(f"c{i}", f"VALUE_{i}00 " + filler(f"r{i}x", size))]
+    return messages
+
+
+def replay(engine: Engine, messages: list[dict], budget: int, **settings) -> list:
+    """Render before every assistant message, as an agent calls the model (each render checked)."""
+    results = []
+    for j, message in enumerate(messages + [assistant("done")]):
+        if message["role"] == "assistant" and j > 0:
+            result = engine.render("s", messages[:j], budget=budget, **settings)
+            assert_sound(result, budget)
+            results.append(result)
+    return results
+
+
+def shared_prefix(before: list[dict], after: list[dict]) -> int:
+    n = 0
+    while n < min(len(before), len(after)) and before[n] == after[n]:
+        n += 1
+    return n
+
+
+def test_stable_is_the_default_and_appends_keep_the_previous_request_as_a_prefix(engine):
+    budget = 1200
+    results = replay(engine, session(24), budget)
+    modes = [r.mode for r in results]
+    assert {"passthrough", "append", "re-render"} <= set(modes)
+    for before, after in zip(results, results[1:]):
+        if after.mode == "append":
+            # The whole previous request is repeated: a provider's prefix cache keeps all of it.
+            assert after.messages[:len(before.messages)] == before.messages
+            assert after.history_tokens > before.history_tokens or after.messages == before.messages
+
+
+def test_re_render_happens_when_the_append_would_exceed_the_budget_and_leaves_headroom(engine):
+    budget = 1200
+    results = replay(engine, session(24), budget, headroom=0.4, cache_value=0.0)
+    rerenders = [(b, a) for b, a in zip(results, results[1:]) if a.mode == "re-render" and b.mode == "append"]
+    assert rerenders
+    for before, after in rerenders:
+        assert "exceed the budget" in after.mode_reason
+        # Headroom shrinks with B / full history, never below what is left free at headroom 0.
+        share = 0.4 * min(1.0, budget / after.full_history_tokens)
+        assert after.history_tokens <= budget * (1 - share) + 1
+    first = next(r for r in results if r.mode == "re-render")
+    assert first.mode_reason == "the whole history no longer fits the budget"
+
+
+def test_explain_says_append_or_re_render_and_why(engine):
+    budget = 1200
+    messages = session(24)
+    results = replay(engine, messages, budget)
+    last = results[-1]
+    explained = engine.explain("s")
+    assert explained.mode == last.mode and explained.mode_reason == last.mode_reason
+    reasons = {d.reason for d in explained.decisions}
+    if last.mode == "append":
+        assert any("appended" in r for r in reasons) or any("kept as it was" in r for r in reasons)
+        assert any("left out while the previous history is only appended to" in r for r in reasons)
+    assert engine.get_session("s")["last_render"]["mode"] == last.mode
+
+
+def test_per_call_policy_selects_from_scratch_every_time(engine, tmp_path):
+    budget = 1200
+    messages = session(24)
+    results = replay(engine, messages, budget, policy="per-call")
+    assert {r.mode for r in results} <= {"passthrough", "per-call"}
+    # No state: a fresh store renders the same history identically.
+    fresh = Engine(tmp_path / "other").render("s", messages, budget=budget, policy="per-call")
+    assert fresh.messages == results[-1].messages
+
+
+def test_epoch_state_is_kept_per_budget_and_settings(engine):
+    messages = session(24)
+    variants = [{"budget": 1000}, {"budget": 1500}, {"budget": 1000, "prose_share": 0.5}]
+    previous: list = [None] * len(variants)
+    appends = 0
+    for j, message in enumerate(messages):
+        if message["role"] != "assistant":
+            continue
+        engine.ingest("s", messages[:j])
+        for k, result in enumerate(engine.render_variants("s", variants)):
+            assert_sound(result, variants[k]["budget"])
+            if result.mode == "append":
+                appends += 1
+                assert result.messages[:len(previous[k].messages)] == previous[k].messages
+            previous[k] = result
+    assert appends >= 6
+
+
+def test_epoch_state_survives_a_restart(tmp_path):
+    """A new process (no cached index, no in-memory state) renders exactly what the first one
+    would have rendered next: the epoch state is on the graph."""
+    budget = 1200
+    messages = session(24)
+    reference = replay(Engine(tmp_path / "a"), messages, budget)
+    turns = [j for j, m in enumerate(messages + [assistant("done")]) if m["role"] == "assistant" and j > 0]
+    cut = next(k for k in range(len(reference) - 1) if reference[k].selected and reference[k + 1].mode == "append")
+    store = tmp_path / "b"
+    engine = Engine(store)
+    for k in range(cut + 1):
+        assert engine.render("s", messages[:turns[k]], budget=budget).messages == reference[k].messages
+    script = (
+        "import json, sys\n"
+        "from contextrender_adapters import Engine\n"
+        "messages = json.loads(sys.argv[2])\n"
+        "r = Engine(sys.argv[1]).render('s', messages, budget=int(sys.argv[3]))\n"
+        "print(json.dumps({'messages': r.messages, 'mode': r.mode}))\n"
+    )
+    following = messages[:turns[cut + 1]]
+    done = subprocess.run([sys.executable, "-c", script, str(store), json.dumps(following), str(budget)],
+                          capture_output=True, text=True, check=True)
+    after = json.loads(done.stdout.strip().splitlines()[-1])
+    assert after["mode"] == reference[cut + 1].mode == "append"
+    assert after["messages"] == reference[cut + 1].messages
+
+
+def test_a_fork_resets_the_epoch(engine):
+    budget = 1200
+    messages = session(24)
+    results = replay(engine, messages, budget)
+    assert results[-1].mode in ("append", "re-render")
+    rewritten = messages[:31] + [assistant("a different step", call("x1", "read", {"path": "other.py"})),
+                                 tool("x1", "OTHER_123 " + filler("o", 300))]
+    result = engine.render("s", rewritten, budget=budget)
+    assert_sound(result, budget)
+    assert result.mode == "re-render" and "first selective render" in result.mode_reason
+
+
+def test_hysteresis_keeps_what_the_previous_render_showed(tmp_path):
+    """Three equal results, two slots; then the oldest (a) gains a little observed reuse and a
+    new result too large to fit forces a re-render. Without hysteresis the re-render swaps b
+    for a (the paper's per-call choice); with stickiness every render keeps what the request
+    before it showed (before the first selective render: the whole history up to the latest
+    model call, so a and b), although c scores higher."""
+    budget = 740
+    settings = dict(w_relevance=0.0, similarity_penalty=0.0, headroom=0.0, cache_value=0.0, prose_share=1.0)
+
+    def run(store: str, stickiness: float) -> list:
+        engine = Engine(tmp_path / store)
+        messages = [user("compare")]
+        for name in ("a", "b", "c"):
+            messages += [assistant(None, call(name, "read", {})), tool(name, f"{name.upper()}_VALUE_1111 " + filler(name, 140))]
+        first = engine.render("s", messages, budget=budget, stickiness=stickiness, explain=True, **settings)
+        assert_sound(first, budget)
+        messages += [assistant("A_VALUE_1111 it is", call("d", "dump", {})), tool("d", filler("d", 320))]
+        later = engine.render("s", messages, budget=budget, stickiness=stickiness, explain=True, **settings)
+        assert_sound(later, budget)
+        assert later.mode == "re-render" and "exceed the budget" in later.mode_reason
+        return [{d.handle: d.status for d in r.decisions} for r in (first, later)]
+
+    plain, sticky = run("plain", 0.0), run("sticky", 1.0)
+    assert plain == [{"a": "omitted", "b": "kept", "c": "kept"}, {"a": "kept", "b": "omitted", "c": "kept", "d": "omitted"}]
+    assert sticky == [{"a": "kept", "b": "kept", "c": "omitted"}, {"a": "kept", "b": "kept", "c": "omitted", "d": "omitted"}]
+
+
+def test_partial_re_render_keeps_a_prefix_of_the_previous_request(engine):
+    budget = 1200
+    messages = session(30)
+    results = replay(engine, messages, budget, cache_value=4.0)
+    partial = [(b, a) for b, a in zip(results, results[1:]) if "kept the previous history up to message" in a.mode_reason]
+    assert partial
+    for before, after in partial:
+        assert after.mode == "re-render"
+        cut = int(after.mode_reason.split("up to message #")[1].split()[0])
+        # Everything the previous request showed before that message is sent again unchanged.
+        first = messages[cut]
+        position = next((k for k, m in enumerate(before.messages)
+                         if (m.get("tool_call_id") == first.get("tool_call_id") if first["role"] == "tool" else m == first)),
+                        len(before.messages))  # cut at the previous end: all of it is kept
+        assert shared_prefix(before.messages, after.messages) >= position > 0
+
+
+def test_prose_share_leaves_the_rest_of_the_budget_to_results(engine, tmp_path):
+    budget = 2000
+    messages = session(20, size=40, prose=filler("because", 60))
+    wide = replay(Engine(tmp_path / "wide"), messages, budget, prose_share=1.0, policy="per-call")
+    narrow = replay(engine, messages, budget, prose_share=0.3, policy="per-call")
+    for result in narrow:
+        if result.selected:
+            prose = sum(TOK.message_tokens(m) for m in history_of(result)
+                        if not (m["role"] == "tool" and m["content"].startswith("VALUE_")))
+            wrappers = sum(TOK.message_tokens(m) for m in history_of(result) if m["role"] == "assistant" and not m.get("content"))
+            assert prose - wrappers <= 0.3 * budget
+    assert narrow[-1].kept > wide[-1].kept
+    assert sum(r.kept for r in narrow) > sum(r.kept for r in wide)
+
+
+def test_condensed_prose_keeps_the_values_results_introduced(engine):
+    budget = 4000
+    messages = [user("find the config")]
+    for i in range(12):
+        messages += [
+            assistant(f"Reading src/app/settings_{i}.py because ORDER_{i}000 showed up. " + filler("reasoning", 80),
+                      call(f"c{i}", "read", {"path": f"src/app/settings_{i}.py"})),
+            tool(f"c{i}", f"src/app/settings_{i + 1}.py ORDER_{i + 1}000 " + filler("cfg", 100)),
+        ]
+    results = replay(engine, messages, budget, prose_share=0.5, condense=True, policy="per-call")
+    condensed = [m for r in results for m in history_of(r)
+                 if m["role"] == "assistant" and "the rest of this message is left out" in str(m.get("content"))]
+    assert condensed
+    for message in condensed:
+        step = int(message["content"].split("settings_")[1].split(".py")[0])
+        if step > 0:
+            # Both values came from the previous result, so TFA knows them: they stay.
+            assert f"src/app/settings_{step}.py" in message["content"]
+            assert f"ORDER_{step}000" in message["content"]
+        assert message.get("tool_calls")  # the calls themselves are untouched
+
+
+@pytest.mark.parametrize("name, value", [("policy", "sometimes"), ("headroom", 1.0), ("headroom", -0.1),
+                                         ("prose_share", 0.0), ("stickiness", -1.0), ("cache_value", -2.0)])
+def test_bad_policy_settings_are_rejected(engine, name, value):
+    from contextrender_adapters import InvalidRequest
+
+    with pytest.raises(InvalidRequest, match=name):
+        engine.render("s", [user("hi")], budget=500, **{name: value})
