@@ -29,18 +29,20 @@ def dataset_rows(saved: dict, prices: Prices) -> list[dict]:
     return sorted(rows, key=lambda r: (r["budget"], order.index(r["selector"]) if r["selector"] in order else 99))
 
 
-def _figures(rows_by_dataset: dict[str, list[dict]], out: Path) -> tuple[Path, Path]:
+def _figures(rows_by_dataset: dict[str, list[dict]], out: Path) -> tuple[Path, Path, Path]:
     def by_budget(ax, selector: str, rows: list[dict], style: dict) -> None:
         points = sorted((r["budget"], r["recall"]) for r in rows)
         ax.plot([p[0] / 1000 for p in points], [p[1] for p in points], **style)
 
-    def by_cost(ax, selector: str, rows: list[dict], style: dict) -> None:
-        points = [(r["ratio_eq3"], r["recall"], r["budget"]) for r in sorted(rows, key=lambda r: r["budget"])
-                  if r.get("ratio_eq3", float("nan")) == r.get("ratio_eq3", float("nan"))]
-        ax.plot([p[0] for p in points], [p[1] for p in points], **style, alpha=0.9)
-        if selector == "contextrender":
-            for x, y, b in points:
-                ax.annotate(f"{b // 1000}K", (x, y), textcoords="offset points", xytext=(4, -10), fontsize=7, color=style["color"])
+    def by_ratio(key: str) -> Any:
+        def draw(ax, selector: str, rows: list[dict], style: dict) -> None:
+            points = [(r[key], r["recall"], r["budget"]) for r in sorted(rows, key=lambda r: r["budget"])
+                      if r.get(key, float("nan")) == r.get(key, float("nan"))]
+            ax.plot([p[0] for p in points], [p[1] for p in points], **style, alpha=0.9)
+            if selector == "contextrender":
+                for x, y, b in points:
+                    ax.annotate(f"{b // 1000}K", (x, y), textcoords="offset points", xytext=(4, -10), fontsize=7, color=style["color"])
+        return draw
 
     def budget_axis(ax, rows: list[dict]) -> None:
         budgets = sorted({r["budget"] for r in rows})
@@ -51,11 +53,18 @@ def _figures(rows_by_dataset: dict[str, list[dict]], out: Path) -> tuple[Path, P
     def cost_axis(ax, rows: list[dict]) -> None:
         ax.set_xlabel("mean cost / full history (equation 3, rho from full)")
 
+    def cached_axis(ax, rows: list[dict]) -> None:
+        ax.set_xlabel("mean cost / full history (each method's own prefix cache)")
+        ax.axvline(1.0, color="black", linewidth=0.6, linestyle=":")
+
     budget_png = _panels(rows_by_dataset, by_budget, budget_axis, True,
                          "Recall vs history budget (replayed traces; cf. paper figure 5)", out / "recall_vs_budget.png")
-    cost_png = _panels(rows_by_dataset, by_cost, cost_axis, False,
+    cost_png = _panels(rows_by_dataset, by_ratio("ratio_eq3"), cost_axis, False,
                        "Recall vs normalised cost, tasks that need management (cf. paper figure 4)", out / "recall_vs_cost.png")
-    return budget_png, cost_png
+    cached_png = _panels(rows_by_dataset, by_ratio("ratio_cached"), cached_axis, False,
+                         "Recall vs cost priced with each method's own prefix cache, tasks that need management",
+                         out / "recall_vs_cached_cost.png")
+    return budget_png, cost_png, cached_png
 
 
 def _panels(rows_by_dataset: dict[str, list[dict]], draw: Any, x_axis: Any, with_events: bool, title: str, path: Path) -> Path:
@@ -91,7 +100,7 @@ def _panels(rows_by_dataset: dict[str, list[dict]], draw: Any, x_axis: Any, with
 
 def write(datasets: dict[str, dict], out: Path, prices: Prices, command: str) -> Path:
     rows_by_dataset = {name: dataset_rows(saved, prices) for name, saved in datasets.items()}
-    budget_png, cost_png = _figures(rows_by_dataset, out)
+    budget_png, cost_png, cached_png = _figures(rows_by_dataset, out)
     lines = [
         "# Replay sweep: recall, tokens and cost on the recorded traces",
         "",
@@ -105,7 +114,9 @@ def write(datasets: dict[str, dict], out: Path, prices: Prices, command: str) ->
         "full history exceeded B. Costs are means per trace over the traces whose full history exceeded B before",
         "some invocation (C.1), as ratios to `full`: `cost eq3/full` prices every method with rho = full's",
         "simulated cache rate (equation 3 as the paper prices it); `cost cache/full` prices each method with its",
-        "own simulated prefix cache (leading messages identical to the session's previous request). Output tokens",
+        "own simulated prefix cache (leading messages identical to the session's previous request); `cache hit %` is",
+        "the share of that method's input tokens the cache covered, on the same traces. `re-render %` is the share of",
+        "managed renders that re-rendered rather than appended to the previous request (the stable policy). Output tokens",
         "are the recorded assistant turns; summariser calls add their input and output; embedding tokens count",
         "results (first 8,000 chars) and per-render queries for the selectors that embed. Latency is the render",
         "computation (render() inside the walker) over managed renders.",
@@ -116,6 +127,8 @@ def write(datasets: dict[str, dict], out: Path, prices: Prices, command: str) ->
         f"![recall vs budget]({budget_png.name})",
         "",
         f"![recall vs cost]({cost_png.name})",
+        "",
+        f"![recall vs cost with each method's own cache]({cached_png.name})",
         "",
     ]
     for name, saved in datasets.items():

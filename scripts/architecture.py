@@ -29,10 +29,11 @@ RENDER_PATH = (
     ("walkers/render", "walkers/ingest", "3 spawn Ingest on the Session: new events join the chain"),
     ("walkers/ingest", "engine/messages", "4 check the messages, match echoes"),
     ("walkers/ingest", "engine/index", "5 TrackReuse walks the new events: TFA, Reuses edges"),
-    ("walkers/render", "engine/selectors", "6 spawn Render: the selector chooses"),
-    ("engine/selectors", "engine/plan", "7 on the render plan: layout, fold, candidates"),
-    ("engine/plan", "engine/score", "8 U, q_t, greedy by R"),
-    ("engine/plan", "engine/notices", "9 assemble: stubs, fold marker"),
+    ("walkers/render", "engine/stability", "6 spawn Render: append to the previous request, or re-render"),
+    ("engine/stability", "engine/selectors", "7 re-render: the selector chooses"),
+    ("engine/selectors", "engine/plan", "8 on the render plan: layout, prose share, fold, candidates"),
+    ("engine/plan", "engine/score", "9 U, q_t, greedy by R"),
+    ("engine/plan", "engine/notices", "10 assemble: stubs, fold marker, condensed prose"),
 )
 
 

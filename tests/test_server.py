@@ -51,7 +51,8 @@ def bob(jac_server):
 
 def test_render_fits_the_budget_and_keeps_pairing(alice):
     messages = conversation()
-    rendered = alice.render("r1", messages, budget=600, explain=True)
+    # The paper's renderer (the stable policy and the prose share: tests/test_stability.py).
+    rendered = alice.render("r1", messages, budget=600, explain=True, policy="per-call", prose_share=1.0, condense=False)
     assert isinstance(rendered, Rendered) and rendered.selected
     assert rendered.messages[0] == messages[0] and rendered.messages[-1] == messages[-1]
     history = rendered.messages[1:-1]

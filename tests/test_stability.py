@@ -73,6 +73,14 @@ def test_re_render_happens_when_the_append_would_exceed_the_budget_and_leaves_he
     assert first.mode_reason == "the whole history no longer fits the budget"
 
 
+def test_a_session_first_rendered_over_budget_is_re_rendered_whole(engine):
+    """Nothing was sent before, so no prefix is kept: the paper's selection on B minus headroom."""
+    budget = 1200
+    result = engine.render("s", session(24), budget=budget)
+    assert_sound(result, budget)
+    assert result.mode == "re-render" and result.mode_reason == "first selective render with these settings"
+
+
 def test_explain_says_append_or_re_render_and_why(engine):
     budget = 1200
     messages = session(24)
@@ -155,11 +163,10 @@ def test_a_fork_resets_the_epoch(engine):
 
 
 def test_hysteresis_keeps_what_the_previous_render_showed(tmp_path):
-    """Three equal results, two slots; then the oldest (a) gains a little observed reuse and a
-    new result too large to fit forces a re-render. Without hysteresis the re-render swaps b
-    for a (the paper's per-call choice); with stickiness every render keeps what the request
-    before it showed (before the first selective render: the whole history up to the latest
-    model call, so a and b), although c scores higher."""
+    """Three equal results, two slots: the first render shows the newer two (b, c). Then the
+    oldest (a) gains a little observed reuse and a new result too large to fit forces a
+    re-render. Without hysteresis the re-render swaps b for a (the paper's per-call choice);
+    with stickiness it keeps its earlier choice."""
     budget = 740
     settings = dict(w_relevance=0.0, similarity_penalty=0.0, headroom=0.0, cache_value=0.0, prose_share=1.0)
 
@@ -178,7 +185,7 @@ def test_hysteresis_keeps_what_the_previous_render_showed(tmp_path):
 
     plain, sticky = run("plain", 0.0), run("sticky", 1.0)
     assert plain == [{"a": "omitted", "b": "kept", "c": "kept"}, {"a": "kept", "b": "omitted", "c": "kept", "d": "omitted"}]
-    assert sticky == [{"a": "kept", "b": "kept", "c": "omitted"}, {"a": "kept", "b": "kept", "c": "omitted", "d": "omitted"}]
+    assert sticky == [{"a": "omitted", "b": "kept", "c": "kept"}, {"a": "omitted", "b": "kept", "c": "kept", "d": "omitted"}]
 
 
 def test_partial_re_render_keeps_a_prefix_of_the_previous_request(engine):
