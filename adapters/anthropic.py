@@ -164,9 +164,11 @@ def to_normal(body: dict) -> tuple[list[dict], list[Origin | None]]:
 # ---------------------------------------------------------------- out: rendered history -> Messages
 
 
-def _from_rendered(message: dict, sent: dict | None, origin: Origin | None) -> list[dict] | str:
+def _from_rendered(message: dict, sent: dict | None, origin: Origin | None, last: bool = False) -> list[dict] | str:
     """The blocks of one rendered message: as the client sent them when it is unchanged
-    (`sent` is the normal form the engine was given for `origin`), else rebuilt."""
+    (`sent` is the normal form the engine was given for `origin`), else rebuilt. A cut message
+    keeps its thinking only when it is the `last` assistant turn (Anthropic wants the thinking of
+    a tool loop's turn back; older thinking may go, and the cut text's count does not hold it)."""
     if origin is not None and message == sent:
         return origin.string if origin.string is not None else origin.blocks
     role, content = message.get("role"), message.get("content")
@@ -187,8 +189,10 @@ def _from_rendered(message: dict, sent: dict | None, origin: Origin | None) -> l
                     out.append(block)
             elif content is None:
                 continue
-            elif same_text or kind != "text":
+            elif same_text or (kind != "text" and (last or kind not in _NO_BREAKPOINT)):
                 out.append(block)  # thinking and its signature as sent
+            elif kind != "text":
+                continue
             elif not cut_placed:
                 out.append({"type": "text", "text": content_text(content)})
                 cut_placed = True
@@ -212,12 +216,13 @@ def to_messages(rendered: list[dict], prepared: list[dict], origins: list[Origin
     `system` is forwarded as the client sent it; `system` turns stay where they are."""
     groups: list[tuple[str, int | None, list[tuple[list[dict] | str, bool]]]] = []
     found = origins_of(rendered, prepared, [o is not None for o in origins])
-    for (message, i) in zip(rendered, found):
+    final = max((r for (r, m) in enumerate(rendered) if m.get("role") == "assistant"), default=-1)
+    for (r, (message, i)) in enumerate(zip(rendered, found)):
         role = message.get("role")
         if role in ("system", "developer") and i is None:
             continue
         origin = origins[i] if i is not None else None
-        content = _from_rendered(message, prepared[i] if i is not None else None, origin)
+        content = _from_rendered(message, prepared[i] if i is not None else None, origin, last=r == final)
         if role == "assistant" and isinstance(content, list) and all(b.get("type") in _NO_BREAKPOINT for b in content):
             continue  # nothing left but reasoning (or nothing): not a turn Anthropic takes
         side = role if role in ("assistant", "system") else "user"

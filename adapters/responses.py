@@ -125,9 +125,10 @@ def to_normal(body: dict) -> tuple[list[dict], list[list[dict] | None]]:
     return normal, origins
 
 
-def _rebuilt(message: dict, sent: dict | None, origin: list[dict] | None) -> list[dict]:
+def _rebuilt(message: dict, sent: dict | None, origin: list[dict] | None, last: bool = False) -> list[dict]:
     """The input items of one rendered message: as the client sent them when it is unchanged,
-    else rebuilt (a stub, the fold marker, a call shown alone, cut text)."""
+    else rebuilt (a stub, the fold marker, a call shown alone, cut text: its reasoning items are
+    kept only on the `last` assistant message, since the cut text's count does not hold them)."""
     if origin is not None and message == sent:
         return origin
     role, content = message.get("role"), message.get("content")
@@ -151,8 +152,10 @@ def _rebuilt(message: dict, sent: dict | None, origin: list[dict] | None) -> lis
                 out.append(item)
         elif content is None:
             continue  # only the calls, over results of folded turns
-        elif same_text or kind == "reasoning":
+        elif same_text or (kind == "reasoning" and last):
             out.append(item)
+        elif kind == "reasoning":
+            continue
         elif not cut_placed:
             out.append({"role": "assistant", "content": content_text(content)})
             cut_placed = True
@@ -166,11 +169,12 @@ def to_items(rendered: list[dict], prepared: list[dict], origins: list[list[dict
     """Input items for a rendered history (`instructions` is forwarded as the client sent it)."""
     items: list[dict] = []
     found = origins_of(rendered, prepared, [o is not None for o in origins])
-    for (message, i) in zip(rendered, found):
+    final = max((r for (r, m) in enumerate(rendered) if m.get("role") == "assistant"), default=-1)
+    for (r, (message, i)) in enumerate(zip(rendered, found)):
         role = message.get("role")
         if i is None and role in ("system", "developer"):
             continue  # `instructions`, forwarded as it is
-        items.extend(_rebuilt(message, prepared[i] if i is not None else None, origins[i] if i is not None else None))
+        items.extend(_rebuilt(message, prepared[i] if i is not None else None, origins[i] if i is not None else None, last=r == final))
     return items
 
 
