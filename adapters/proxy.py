@@ -56,7 +56,9 @@ from starlette.background import BackgroundTask
 from starlette.concurrency import run_in_threadpool
 
 from contextrender_adapters import anthropic, core, responses, restore_loop
-from contextrender_adapters.core import InvalidRequest, UnknownSession, cache_bytes_setting, content_text, get_tokenizer
+from contextrender_adapters.core import (
+    InvalidRequest, UnknownSession, cache_bytes_setting, content_text, get_tokenizer, normal_form, same_event,
+)
 from contextrender_adapters.formats import openai_usage
 from contextrender_adapters.streams import Decoder, StreamAnswer, body_answer
 
@@ -181,50 +183,6 @@ def derive_session(messages: list[dict]) -> str:
     return f"proxy-{digest[:24]}"
 
 
-def _calls(message: dict) -> list[tuple]:
-    return [
-        (c.get("id"), (c.get("function") or {}).get("name"), (c.get("function") or {}).get("arguments"))
-        for c in message.get("tool_calls") or []
-        if isinstance(c, dict)
-    ]
-
-
-def _same_turn(a: Any, b: dict) -> bool:
-    """Whether a message the agent sends back is the answer the proxy stored: same role, text and
-    calls. Clients re-serialise answers (null fields added or dropped, key order), which the
-    engine's exact comparison would take for a rewrite."""
-    return (
-        isinstance(a, dict)
-        and a.get("role") == b.get("role")
-        and content_text(a.get("content")) == content_text(b.get("content"))
-        and _calls(a) == _calls(b)
-    )
-
-
-def _normal(message: Any) -> Any:
-    """An assistant message with only the fields a chat-completions request takes: role, content
-    (`""` and null alike: null beside tool calls, else `""`), name, refusal, and tool calls as id,
-    type and function name and arguments. SDKs add or drop fields when they re-serialise an answer (`refusal: null`, `annotations: []`,
-    an `index` in tool calls), and providers return fields they refuse to be sent back (DeepSeek's
-    `reasoning_content`), which the history budget would not count either. Every assistant message
-    is stored and forwarded in this form, so an echoed answer matches the stored one."""
-    if not isinstance(message, dict) or message.get("role") != "assistant":
-        return message
-    calls = [c for c in message.get("tool_calls") or [] if isinstance(c, dict)]
-    # Content may be null only beside tool calls or a refusal; otherwise an empty answer is "".
-    out: dict[str, Any] = {"role": "assistant", "content": message.get("content") or (None if calls or message.get("refusal") else "")}
-    for key in ("name", "refusal"):
-        if message.get(key):
-            out[key] = message[key]
-    if calls:
-        out["tool_calls"] = [
-            {"id": c.get("id"), "type": c.get("type") or "function",
-             "function": {"name": (c.get("function") or {}).get("name"), "arguments": (c.get("function") or {}).get("arguments")}}
-            for c in calls
-        ]
-    return out
-
-
 # ---------------------------------------------------------------- chat completions, the format layer
 
 
@@ -238,7 +196,7 @@ class _ChatStream(StreamAnswer):
 
     def answer(self) -> dict | None:
         answer = super().answer()
-        return _normal(answer) if answer else None
+        return normal_form(answer) if answer else None
 
 
 def _chat_usage(usage: Any) -> dict:
@@ -269,7 +227,7 @@ class _Chat:
             usage = _chat_usage(json.loads(body).get("usage"))
         except (ValueError, AttributeError):
             usage = {}
-        return (_normal(message) if message else None), usage
+        return (normal_form(message) if message else None), usage
 
     def reader(self) -> _ChatStream:
         return _ChatStream()
@@ -733,11 +691,11 @@ class _Proxy:
         each answer the proxy stored in place of the agent's copy of it (agents rebuild answers
         from streams or SDK objects: `content` "" for null, extra keys in tool calls). Without
         this the engine, which compares exactly, would take every echoed answer for a rewrite."""
-        messages = [_normal(m) for m in messages]
+        messages = [normal_form(m) for m in messages]
         state = self.session(session_id)
         stored = state.answers
         for position in sorted(stored):
-            if position < len(messages) and _same_turn(messages[position], stored[position]):
+            if position < len(messages) and same_event(stored[position], messages[position]):
                 messages[position] = stored[position]
                 continue
             # History rewritten (or cut) here: the engine forks; later answers are on the old branch.

@@ -152,10 +152,10 @@ def _rebuilt(message: dict, sent: dict | None, origin: list[dict] | None, last: 
                 out.append(item)
         elif content is None:
             continue  # only the calls, over results of folded turns
-        elif same_text or (kind == "reasoning" and last):
+        elif same_text:
             out.append(item)
         elif kind == "reasoning":
-            continue
+            continue  # the cut text's count does not hold them, and Responses does not require them
         elif not cut_placed:
             out.append({"role": "assistant", "content": content_text(content)})
             cut_placed = True

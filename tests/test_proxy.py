@@ -391,12 +391,12 @@ def test_the_command_refuses_an_unknown_selector_before_serving(tmp_path):
 
 def test_an_empty_answer_keeps_a_content_string():
     """A provider requires assistant content unless the message has tool calls."""
-    from contextrender_adapters.proxy import _normal
+    from engine.messages import normal_form
 
-    assert _normal({"role": "assistant", "content": None, "reasoning_content": "thinking"}) == {"role": "assistant", "content": ""}
-    assert _normal({"role": "assistant", "content": ""}) == _normal({"role": "assistant", "content": None})
+    assert normal_form({"role": "assistant", "content": None, "reasoning_content": "thinking"}) == {"role": "assistant", "content": ""}
+    assert normal_form({"role": "assistant", "content": ""}) == normal_form({"role": "assistant", "content": None})
     with_call = {"role": "assistant", "content": "", "tool_calls": [call("c1", "f", {})]}
-    assert _normal(with_call)["content"] is None and _normal(dict(with_call, content=None)) == _normal(with_call)
+    assert normal_form(with_call)["content"] is None and normal_form(dict(with_call, content=None)) == normal_form(with_call)
 
 
 def test_the_answers_the_proxy_keeps_stay_within_their_share_of_memory(engine, upstream):

@@ -18,9 +18,12 @@ from tests.conftest import assistant, call, tool, user
 from tests.test_proxy import TOOLS, conversation, proxy, wait_for_events  # noqa: F401 (fixture)
 
 RESTORE = restore_tool()
-# conversation(words=10): twelve results of 114 tokens; at B = 1,200 nothing is folded, r8-r12 are
-# kept and r1-r7 leave stubs (r7 the first omitted: U 0.33 against r8's 0.40).
+# conversation(words=10): twelve results of 114 tokens; at B = 1,200 with the prose share off
+# (STUBS) nothing is folded and r1-r7 at least leave stubs (r7 is omitted: U 0.33 against r8's
+# 0.40). Under the default prose share the oldest turns fold away, and a folded result has no stub
+# to name its handle.
 B = 1200
+STUBS = {"prose_share": 1.0, "condense": False}
 
 
 def restore_call(call_id: str, handle: str) -> dict:
@@ -53,6 +56,7 @@ def stub_handles(messages: list[dict]) -> dict[str, str]:
 
 def test_a_restore_round_answers_from_the_store_and_the_agent_gets_only_the_final_answer(engine, upstream, proxy):
     messages = conversation(words=10)
+    engine.configure("run", policy="per-call", **STUBS)  # r3 (call_2) would be folded by a re-render's headroom
     upstream.enqueue(content=None, tool_calls=[restore_call("call_restore_1", "r3")])
     upstream.enqueue(content="The failing line is line_2_7.")
     with proxy(budget=B) as server:
@@ -271,6 +275,7 @@ def test_an_agent_call_first_goes_to_the_agent_without_the_restore_calls(engine,
 
 def test_a_restored_result_is_kept_at_the_next_render(engine, upstream, proxy):
     messages = conversation(words=10)
+    engine.configure("kept", **STUBS)
     upstream.enqueue(content=None, tool_calls=[restore_call("call_r", "r7")])
     upstream.enqueue(content="Here is the fix.")
     with proxy(budget=B) as server:

@@ -181,7 +181,7 @@ def test_hysteresis_keeps_what_the_previous_render_showed(tmp_path):
         later = engine.render("s", messages, budget=budget, stickiness=stickiness, explain=True, **settings)
         assert_sound(later, budget)
         assert later.mode == "re-render" and "exceed the budget" in later.mode_reason
-        return [{d.handle: d.status for d in r.decisions} for r in (first, later)]
+        return [{d.call_id: d.status for d in r.decisions} for r in (first, later)]
 
     plain, sticky = run("plain", 0.0), run("sticky", 1.0)
     assert plain == [{"a": "omitted", "b": "kept", "c": "kept"}, {"a": "kept", "b": "omitted", "c": "kept", "d": "omitted"}]
