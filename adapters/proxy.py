@@ -922,6 +922,9 @@ def create_app(
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         timeout = httpx.Timeout(upstream_timeout, connect=30.0, pool=None)
+        warm_up = getattr(backend, "warm_up", None)  # an Engine: its models load before the first request
+        if warm_up is not None:
+            await run_in_threadpool(warm_up)
         async with httpx.AsyncClient(timeout=timeout, limits=httpx.Limits(max_connections=None)) as client:
             proxy.client = client
             yield

@@ -421,3 +421,15 @@ def test_the_answers_the_proxy_keeps_stay_within_their_share_of_memory(engine, u
                    headers={SESSION_HEADER: "s0"})
         wait_for_events(engine, "s0", 4)
     assert engine.get_session("s0")["branch"] == 0
+
+
+def test_an_in_process_engine_is_warmed_up_before_the_first_request(engine, upstream, monkeypatch):
+    """The tokenizer and the local embedding model load at start, not in the first agent's call."""
+    warmed: list[bool] = []
+    real = engine.warm_up
+    monkeypatch.setattr(engine, "warm_up", lambda: warmed.append(True) or real())
+    with LoopbackServer(create_app(engine, upstream.base_url, 1000)):
+        assert warmed == [True]
+    from engine.measure import get_embedder
+
+    assert get_embedder()._wordllama is not None
