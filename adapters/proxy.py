@@ -40,6 +40,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import gc
 import hashlib
 import json
 import logging
@@ -925,6 +926,12 @@ def create_app(
         warm_up = getattr(backend, "warm_up", None)  # an Engine: its models load before the first request
         if warm_up is not None:
             await run_in_threadpool(warm_up)
+        # Everything loaded so far (Jac modules, litellm, models) lives as long as the process:
+        # moved out of the collector's reach, a full collection no longer walks it. Without
+        # this, the first request that allocated enough paid for one walk of the whole start-up
+        # heap: a first request with 150 results 2.0 s, against 0.27 s after it.
+        gc.collect()
+        gc.freeze()
         async with httpx.AsyncClient(timeout=timeout, limits=httpx.Limits(max_connections=None)) as client:
             proxy.client = client
             yield

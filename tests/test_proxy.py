@@ -424,12 +424,18 @@ def test_the_answers_the_proxy_keeps_stay_within_their_share_of_memory(engine, u
 
 
 def test_an_in_process_engine_is_warmed_up_before_the_first_request(engine, upstream, monkeypatch):
-    """The tokenizer and the local embedding model load at start, not in the first agent's call."""
+    """The tokenizer and the local embedding model load at start, not in the first agent's call,
+    and the start-up heap is frozen out of the garbage collector's full walks."""
+    import gc
+
     warmed: list[bool] = []
     real = engine.warm_up
     monkeypatch.setattr(engine, "warm_up", lambda: warmed.append(True) or real())
+    gc.unfreeze()
     with LoopbackServer(create_app(engine, upstream.base_url, 1000)):
         assert warmed == [True]
+        assert gc.get_freeze_count() > 0
+    gc.unfreeze()
     from engine.measure import get_embedder
 
     assert get_embedder()._wordllama is not None

@@ -1,0 +1,56 @@
+"""engine/messages.jac: the message checks ingestion applies, and what it skips."""
+
+from __future__ import annotations
+
+import pytest
+
+import engine.messages as messages_module
+from contextrender_adapters import InvalidRequest
+from tests.conftest import assistant, call, tool, user
+
+HISTORY = [
+    {"role": "system", "content": "you are an agent"},
+    user("read the file"),
+    assistant(None, call("c1", "read", {"path": "a.py"})),
+    tool("c1", "print('a')"),
+    assistant("done"),
+]
+
+
+def checked(monkeypatch) -> list[str]:
+    """The positions check_message sees from now on."""
+    seen: list[str] = []
+    real = messages_module.check_message
+    monkeypatch.setattr(messages_module, "check_message", lambda where, message: seen.append(where) or real(where, message))
+    return seen
+
+
+def test_the_stored_chain_is_not_checked_again(monkeypatch):
+    seen = checked(monkeypatch)
+    (system, chain) = messages_module.split_messages(HISTORY + [user("next")], HISTORY[1:])
+    assert system == HISTORY[:1] and chain == HISTORY[1:] + [user("next")]
+    # The system prompt, the first chain message (it decides where the chain starts) and the new one.
+    assert seen == ["messages[0]", "messages[1]", "messages[5]"]
+
+
+def test_a_message_that_differs_from_the_stored_one_is_checked(monkeypatch):
+    seen = checked(monkeypatch)
+    changed = HISTORY[:3] + [tool("c1", [{"type": "text"}] * 2)] + HISTORY[4:]
+    messages_module.split_messages(changed, HISTORY[1:])
+    assert "messages[3]" in seen
+    bad = HISTORY[:3] + [{"role": "tool", "tool_call_id": "", "content": "x"}] + HISTORY[4:]
+    with pytest.raises(InvalidRequest, match=r"messages\[3\]: a tool message needs"):
+        messages_module.split_messages(bad, HISTORY[1:])
+
+
+def test_without_a_stored_chain_every_message_is_checked(monkeypatch):
+    seen = checked(monkeypatch)
+    messages_module.split_messages(HISTORY)
+    assert seen == [f"messages[{i}]" for i in range(len(HISTORY))]
+
+
+def test_an_engine_call_still_refuses_a_bad_new_message_after_the_stored_ones(engine):
+    engine.ingest("s", HISTORY)
+    with pytest.raises(InvalidRequest, match=r"messages\[5\]: role must be one of"):
+        engine.render("s", HISTORY + [{"role": "robot", "content": "hi"}], budget=1000)
+    assert engine.get_session("s")["events"] == len(HISTORY) - 1
