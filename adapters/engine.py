@@ -93,10 +93,7 @@ class Engine(EndpointMethods):
         """Load the tokenizer and the local embedding model now: on first use they take about half
         a second, which otherwise falls on the first call (a proxy calls this before it serves).
         A remote embedding model is not called."""
-        core.get_tokenizer(core.DEFAULT_ENCODING).count("warm up")
-        embedder = core.get_embedder()
-        if embedder.model == "wordllama":
-            embedder.embed(["warm up"])
+        core.warm_up()
 
     def close(self) -> None:
         """Release the store (the engine's calls still work after it, only slower)."""
