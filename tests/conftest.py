@@ -4,6 +4,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -170,3 +171,15 @@ def trace_prefix(name: str = "mini_swe_agent_deepseek.jsonl", index: int = 0, tu
     messages = load_traces(name)[index]["messages"]
     cut = [i for (i, m) in enumerate(messages) if m["role"] == "assistant"][turns]
     return messages[:cut]
+
+
+def scripted_tool_loop(upstream, prefix: str, text: Callable[[int], str | None], thinking: Callable[[int], str],
+                       rounds: int = 4) -> Iterator[tuple[int, str, bool]]:
+    """An agent's tool loop as the fake upstream answers it: for each round, one `bash` call with
+    its text and reasoning is queued, then (round, call id, whether to stream it: odd rounds) is
+    yielded for the test to send the request and append the answer as its agent would."""
+    for turn in range(rounds):
+        call_id = f"{prefix}_{turn}"
+        upstream.enqueue(content=text(turn), thinking=thinking(turn),
+                         tool_calls=[call(call_id, "bash", {"command": f"cat file_{turn}.py"})])
+        yield turn, call_id, bool(turn % 2)

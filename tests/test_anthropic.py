@@ -16,7 +16,7 @@ from contextrender_adapters.fakeupstream import LoopbackServer, free_port, signa
 from contextrender_adapters.proxy import BUDGET_HEADER, SELECTOR_HEADER, SESSION_HEADER, create_app
 from engine.errors import InvalidRequest
 from engine.measure import get_tokenizer
-from tests.conftest import anthropic_conversation, call, trace_prefix
+from tests.conftest import anthropic_conversation, call, scripted_tool_loop, trace_prefix
 from tests.test_proxy import wait_for_events
 
 BUDGET = 3000
@@ -193,11 +193,8 @@ def test_answers_echoed_by_the_sdk_never_fork_the_session(engine, upstream, prox
     system, turns = recorded(turns=12)
     client = sdk(proxy_url)
     headers = {SESSION_HEADER: "claude-loop"}
-    for turn in range(4):
-        call_id = f"toolu_loop_{turn}"
-        upstream.enqueue(content=f"Step {turn}.", thinking=f"Reasoning for step {turn}.",
-                         tool_calls=[call(call_id, "bash", {"command": f"cat file_{turn}.py"})])
-        if turn % 2:
+    for (turn, call_id, streamed) in scripted_tool_loop(upstream, "toolu_loop", lambda t: f"Step {t}.", lambda t: f"Reasoning for step {t}."):
+        if streamed:
             with client.messages.stream(model=MODEL, max_tokens=64, system=system, messages=turns, extra_headers=headers) as stream:
                 answer = stream.get_final_message()
         else:

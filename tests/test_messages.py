@@ -8,13 +8,9 @@ import engine.messages as messages_module
 from contextrender_adapters import InvalidRequest
 from tests.conftest import assistant, call, tool, user
 
-HISTORY = [
-    {"role": "system", "content": "you are an agent"},
-    user("read the file"),
-    assistant(None, call("c1", "read", {"path": "a.py"})),
-    tool("c1", "print('a')"),
-    assistant("done"),
-]
+# A system prompt, then one tool round and the answer.
+HISTORY = [{"role": "system", "content": "you are an agent"}, user("read the file")]
+HISTORY += [assistant(None, call("c1", "read", {"path": "a.py"})), tool("c1", "print('a')"), assistant("done")]
 
 
 def checked(monkeypatch) -> list[str]:

@@ -15,7 +15,7 @@ from contextrender_adapters.fakeupstream import LoopbackServer
 from contextrender_adapters.proxy import BUDGET_HEADER, SELECTOR_HEADER, SESSION_HEADER, UNMANAGED_HEADER, create_app
 from contextrender_adapters.responses import to_normal
 from engine.measure import get_tokenizer
-from tests.conftest import call, responses_input, trace_prefix
+from tests.conftest import call, responses_input, scripted_tool_loop, trace_prefix
 from tests.test_proxy import wait_for_events
 from tests.test_anthropic import SHORTENED
 
@@ -134,11 +134,8 @@ def test_answers_echoed_by_the_sdk_never_fork_the_session(engine, upstream, prox
     instructions, items = recorded(turns=12)
     client = sdk(proxy_url)
     headers = {SESSION_HEADER: "responses-loop"}
-    for turn in range(4):
-        call_id = f"call_loop_{turn}"
-        upstream.enqueue(content=None if turn % 3 else f"Step {turn}.", thinking=f"think {turn}",
-                         tool_calls=[call(call_id, "bash", {"command": f"cat f{turn}"})])
-        if turn % 2:
+    for (turn, call_id, streamed) in scripted_tool_loop(upstream, "call_loop", lambda t: None if t % 3 else f"Step {t}.", lambda t: f"think {t}"):
+        if streamed:
             with client.responses.stream(model=MODEL, instructions=instructions, input=items, extra_headers=headers) as stream:
                 output = stream.get_final_response().output
         else:
