@@ -5,8 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sqlite3
-import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +15,7 @@ from jaclang.runtimelib.exceptions import WriteConflict
 
 from contextrender_adapters import core
 from contextrender_adapters.endpoints import ENDPOINTS, EndpointMethods
+from contextrender_adapters.locks import KeyedLocks
 
 DEFAULT_STORE = os.environ.get("CONTEXTRENDER_STORE", ".contextrender")
 # A call that loses a race for a shared node (jaclang's optimistic concurrency) runs again,
@@ -27,33 +27,6 @@ MAX_ATTEMPTS = 5
 WALKERS = {name: getattr(core, name) for name in ENDPOINTS}
 
 __all__ = ["Engine", "DEFAULT_STORE"]
-
-
-class SessionLocks:
-    """One lock per key (a session id) while calls on it run or wait: calls on one session take
-    turns, calls on different sessions do not wait for each other. An entry leaves with its last
-    caller, so the table holds only the sessions with calls in flight."""
-
-    def __init__(self) -> None:
-        self._guard = threading.Lock()
-        self._entries: dict[str, list] = {}
-
-    @contextlib.contextmanager
-    def hold(self, key: str) -> Iterator[None]:
-        with self._guard:
-            entry = self._entries.setdefault(key, [threading.Lock(), 0])
-            entry[1] += 1
-        try:
-            with entry[0]:
-                yield
-        finally:
-            with self._guard:
-                entry[1] -= 1
-                if not entry[1]:
-                    del self._entries[key]
-
-    def __len__(self) -> int:
-        return len(self._entries)
 
 
 class Engine(EndpointMethods):
@@ -69,7 +42,7 @@ class Engine(EndpointMethods):
     def __init__(self, store: str | os.PathLike[str] = DEFAULT_STORE) -> None:
         self.store = Path(store).resolve()
         self.store.mkdir(parents=True, exist_ok=True)
-        self._locks = SessionLocks()
+        self._locks = KeyedLocks()
         self._keepalive = self._open_keepalive()
 
     def _open_keepalive(self) -> sqlite3.Connection | None:

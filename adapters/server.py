@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import contextlib
 import dataclasses
 import gc
 import json
@@ -43,6 +42,8 @@ from typing import Any
 
 import jac_scale.plugin  # noqa: F401  (registers jac-scale's server class hook before ours)
 from jaclang.jac0core.runtime import hookimpl
+
+from contextrender_adapters.locks import KeyedLocks
 
 logger = logging.getLogger("contextrender.server")
 
@@ -212,28 +213,6 @@ def json_problem(body: bytes) -> tuple[Any, str]:
     return value, ""
 
 
-class SessionLocks:
-    """One asyncio lock per key (user, session_id), kept while a request of it runs or waits."""
-
-    def __init__(self) -> None:
-        self._entries: dict[Any, list] = {}
-
-    @contextlib.asynccontextmanager
-    async def hold(self, key: Any):
-        entry = self._entries.setdefault(key, [asyncio.Lock(), 0])
-        entry[1] += 1
-        try:
-            async with entry[0]:
-                yield
-        finally:
-            entry[1] -= 1
-            if not entry[1]:
-                del self._entries[key]
-
-    def __len__(self) -> int:
-        return len(self._entries)
-
-
 def _json_response(status: int, code: str, message: str, close: bool = False) -> tuple[dict, bytes]:
     body = json.dumps({"ok": False, "type": "error", "data": None, "error": {"code": code, "message": message}})
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
@@ -263,7 +242,7 @@ class RequestGuard:
         self.timeout = body_timeout() if timeout is None else timeout
         self.fields_of = fields_of or (lambda name, caller: None)
         self.admin = admin
-        self.locks = SessionLocks()
+        self.locks = KeyedLocks()  # by (user, session_id), and by (user,)
         # Walkers that may add or remove a session under the caller's root, and the sessions
         # (user, session_id) this process has answered, most recent last.
         self.root_writers = root_writers
@@ -312,13 +291,13 @@ class RequestGuard:
             return
         key = (caller, session_id)
         answered: dict[str, int] = {}
-        async with self.locks.hold(key):
+        async with self.locks.hold_async(key):
             # A call that may create or delete a session changes the user's root, which jaclang
             # commits optimistically: such calls on different sessions retry each other and can
             # fail (a 500 after five attempts). They wait for each other, per user; calls on a
             # session this process has seen answered do not.
             if walker in self.root_writers and (walker == "delete_session" or key not in self.known):
-                async with self.locks.hold((caller,)):
+                async with self.locks.hold_async((caller,)):
                     await self.app(scope, replay, self.mapped(send, answered))
             else:
                 await self.app(scope, replay, self.mapped(send, answered))

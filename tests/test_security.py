@@ -23,9 +23,10 @@ import pytest
 from conftest import assistant, call, tool, user
 from contextrender_adapters.client import Client
 from contextrender_adapters.fakeupstream import LoopbackServer
+from contextrender_adapters.locks import KeyedLocks
 from contextrender_adapters.proxy import SESSION_HEADER, STATUS_HEADER, create_app
 from contextrender_adapters.server import (
-    PUBLIC_DEFAULT_SECRET, SessionLocks, admin_password, check_jwt_secret, map_walker_error, strength_problem,
+    PUBLIC_DEFAULT_SECRET, admin_password, check_jwt_secret, map_walker_error, strength_problem,
 )
 from jacserver import JAC, JacServer
 
@@ -370,11 +371,11 @@ def test_session_locks_keep_different_sessions_parallel():
     """Two requests of different sessions run at the same time; two of one session do not."""
 
     async def scenario(keys: tuple) -> bool:
-        locks = SessionLocks()
+        locks = KeyedLocks()
         second_started = asyncio.Event()
 
         async def first() -> bool:
-            async with locks.hold(keys[0]):
+            async with locks.hold_async(keys[0]):
                 try:  # waits for the second to start: possible only if it is not blocked
                     await asyncio.wait_for(second_started.wait(), timeout=1.0)
                     return True
@@ -383,7 +384,7 @@ def test_session_locks_keep_different_sessions_parallel():
 
         async def second() -> None:
             await asyncio.sleep(0.05)
-            async with locks.hold(keys[1]):
+            async with locks.hold_async(keys[1]):
                 second_started.set()
 
         overlapped, _ = await asyncio.gather(first(), second())
