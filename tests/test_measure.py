@@ -7,7 +7,7 @@ import pytest
 
 from contextrender_adapters import engine  # noqa: F401
 from engine.measure import cut_middle, get_embedder, get_tokenizer, pack_vector, unpack_vector
-from tests.conftest import assistant, call, tool, user
+from tests.conftest import assistant, call, in_new_process, tool, user
 
 TOK = get_tokenizer()
 
@@ -70,3 +70,13 @@ def test_the_claude_estimate_scales_each_text_and_stays_additive():
     assert claude.count(cut) <= 300 and "tokens cut by ContextRender" in cut
     with pytest.raises(ValueError, match="claude"):
         get_tokenizer("nope")
+
+
+def test_warm_up_loads_the_tokenizer_and_the_local_embedder(tmp_path):
+    """In a new process nothing is loaded until warm_up (what the proxy and the server call before
+    they serve) loads the default encoding and wordllama."""
+    script = (
+        "import json; import engine.measure as m; before = (sorted(m._tokenizers), len(m._embedder)); m.warm_up(); "
+        "print(json.dumps([before, sorted(m._tokenizers), [e.model for e in m._embedder]]))"
+    )
+    assert in_new_process(script, tmp_path) == [[[], 0], ["o200k_base"], ["wordllama"]]

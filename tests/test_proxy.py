@@ -436,6 +436,3 @@ def test_an_in_process_engine_is_warmed_up_before_the_first_request(engine, upst
         assert warmed == [True]
         assert gc.get_freeze_count() > 0
     gc.unfreeze()
-    from engine.measure import get_embedder
-
-    assert get_embedder()._wordllama is not None
