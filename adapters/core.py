@@ -26,7 +26,8 @@ _FROM: dict[str, tuple[str, ...]] = {
     "engine.selectors": ("SELECTORS", "render_settings"),
     "engine.score": ("latest_exchange_text",),
     "engine.errors": ("ContextRenderError", "InvalidRequest", "UnknownSession", "UnknownResult", "HistoryConflict"),
-    "engine.measure": ("content_text", "get_tokenizer", "get_embedder", "warm_up", "EMBED_CLIP", "DEFAULT_ENCODING"),
+    "graph.content": ("content_text",),
+    "engine.measure": ("get_tokenizer", "get_embedder", "warm_up", "EMBED_CLIP", "DEFAULT_ENCODING"),
     # The restore tool the proxy offers, as its stubs name it.
     "engine.notices": ("RESTORE_TOOL", "restore_tool"),
     "engine.values": ("recall_tokens",),

@@ -61,6 +61,12 @@ def test_the_table_is_what_the_server_serves():
         assert getattr(core, name) is cls, name
 
 
+def test_only_health_is_served_without_a_login():
+    introspector = ModuleIntrospector(module_name="contextrender", base_path=str(REPO))
+    introspector.get_walkers()
+    assert [name for name in ENDPOINTS if not introspector.is_auth_required_for_walker(name)] == ["health"]
+
+
 def test_core_loads_every_endpoint_walker_by_its_row():
     assert set(ENDPOINTS) <= set(core.__all__)
 
