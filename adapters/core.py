@@ -13,12 +13,12 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from contextrender_adapters.endpoints import ENDPOINTS
+
 _FROM: dict[str, tuple[str, ...]] = {
-    # The endpoint walkers (adapters/endpoints.py lists the same names with their fields).
-    "walkers.ingest": ("ingest_events", "IngestSummary"),
-    "walkers.render": ("render_context", "render_variants", "explain_render", "configure_session"),
-    "walkers.sessions": ("get_session", "list_sessions", "delete_session", "export_graph", "health"),
-    "walkers.restore": ("restore_result", "Restoration"),
+    # What the endpoints report (the endpoint walkers themselves come from ENDPOINTS, below).
+    "walkers.ingest": ("IngestSummary",),
+    "walkers.restore": ("Restoration",),
     "engine.config": ("RenderConfig", "MIN_BUDGET"),
     "engine.plan": ("RenderResult", "ResultDecision"),
     # The selector registry (each selector says what it embeds: `embeds_results`, `embeds_query()`)
@@ -26,7 +26,8 @@ _FROM: dict[str, tuple[str, ...]] = {
     "engine.selectors": ("SELECTORS", "render_settings"),
     "engine.score": ("latest_exchange_text",),
     "engine.errors": ("ContextRenderError", "InvalidRequest", "UnknownSession", "UnknownResult", "HistoryConflict"),
-    "engine.measure": ("content_text", "get_tokenizer", "get_embedder", "warm_up", "EMBED_CLIP", "DEFAULT_ENCODING"),
+    "graph.content": ("content_text",),
+    "engine.measure": ("get_tokenizer", "get_embedder", "warm_up", "EMBED_CLIP", "DEFAULT_ENCODING"),
     # The restore tool the proxy offers, as its stubs name it.
     "engine.notices": ("RESTORE_TOOL", "restore_tool"),
     "engine.values": ("recall_tokens",),
@@ -38,6 +39,11 @@ _FROM: dict[str, tuple[str, ...]] = {
     # The request rules the server also applies to every JSON body (adapters/server.py).
     "engine.validate": ("MAX_DEPTH", "check_message"),
 }
+
+# The endpoint walkers, each from the module its row in adapters/endpoints.py names.
+for _endpoint in ENDPOINTS.values():
+    _FROM[_endpoint.module] = _FROM.get(_endpoint.module, ()) + (_endpoint.walker,)
+del _endpoint
 
 _MODULE_OF = {name: module for (module, names) in _FROM.items() for name in names}
 

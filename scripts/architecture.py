@@ -1,9 +1,11 @@
 """The project's parts and the path of one render, drawn from the code: every import between the
 project's own Jac and Python modules, grouped by folder, with the passes of one `render_context`
-call numbered on top. Also the check that no two modules import each other in a loop.
+call numbered on top. Also the checks of the layout's rules: no two modules import each other in a
+loop, graph/ imports nothing from engine/ or walkers/, and no source file is over MAX_LINES lines.
 
     python scripts/architecture.py docs/architecture.dot && dot -Tpng docs/architecture.dot -o docs/architecture.png
-    python scripts/architecture.py --check      # exit 1 and name the loop if there is one
+    python scripts/architecture.py --check      # exit 1 and name the loop or the forbidden import
+    python scripts/architecture.py --check --max-lines   # also exit 1 for a source file over MAX_LINES
 """
 
 from __future__ import annotations
@@ -17,6 +19,14 @@ ROOT = Path(__file__).resolve().parent.parent
 FOLDERS = ("graph", "engine", "walkers", "adapters", "evaluation")
 # How the Python packages are imported (pyproject's package-dir).
 PACKAGES = {"contextrender_adapters": "adapters", "contextrender_eval": "evaluation"}
+
+# Folders a folder's modules must not import (graph/ is the store of record: the archetypes).
+FORBIDDEN = {"graph": ("engine", "walkers")}
+# The longest a source file may be (tests aside); `--check` names longer ones, `--max-lines` fails.
+MAX_LINES = 400
+# What counts as source for MAX_LINES: the project's own code, not tests or generated files.
+SOURCE_SUFFIXES = (".py", ".jac", ".js", ".sh")
+NOT_SOURCE = ("tests", ".venv", "node_modules", "__pycache__", "__jac_gen__", ".jac")
 
 _JAC_IMPORT = re.compile(r"^\s*import\s+from\s+([\w.]+)\s*\{", re.M)
 _JAC_PLAIN = re.compile(r"^\s*import\s+([\w.]+)\s*;", re.M)
@@ -38,12 +48,20 @@ RENDER_PATH = (
 
 
 def modules() -> dict[str, Path]:
-    """Module name (folder/stem, or the entry module's stem) -> its declaration file."""
+    """Module name (folder/stem, folder/package/stem for a subpackage's modules, folder/package
+    for its __init__; the entry module's stem) -> its declaration file."""
     found = {"contextrender": ROOT / "contextrender.jac"}
     for folder in FOLDERS:
-        for path in sorted((ROOT / folder).glob("*")):
-            if path.suffix in (".jac", ".py") and path.stem != "__init__" and not path.name.endswith(".impl.jac"):
-                found[f"{folder}/{path.stem}"] = path
+        for path in sorted((ROOT / folder).rglob("*")):
+            if path.suffix not in (".jac", ".py") or path.name.endswith(".impl.jac"):
+                continue
+            parts = path.relative_to(ROOT).with_suffix("").parts
+            if "impl" in parts or "__pycache__" in parts or "__jac_gen__" in parts:
+                continue
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            if len(parts) > 1:
+                found["/".join(parts)] = path
     return found
 
 
@@ -68,10 +86,13 @@ def imports(known: dict[str, Path]) -> dict[str, set[str]]:
             for module in dotted:
                 parts = module.split(".")
                 parts[0] = PACKAGES.get(parts[0], parts[0])
-                for size in (min(len(parts), 2), 1):
+                # The longest prefix that is a module: `a.b.c` may be module c of package b, or
+                # the name c of module b.
+                for size in range(len(parts), 0, -1):
                     candidate = "/".join(parts[:size])
-                    if candidate in known and candidate != name:
-                        targets.add(candidate)
+                    if candidate in known:
+                        if candidate != name:
+                            targets.add(candidate)
                         break
         graph[name] = targets
     return graph
@@ -104,6 +125,24 @@ def find_loop(graph: dict[str, set[str]]) -> list[str]:
     return []
 
 
+def forbidden_imports(graph: dict[str, set[str]]) -> list[tuple[str, str]]:
+    """The imports FORBIDDEN rules out, as (module, what it imports)."""
+    return sorted((source, target) for (source, targets) in graph.items() for target in targets
+                  if target.split("/")[0] in FORBIDDEN.get(source.split("/")[0], ()))
+
+
+def long_files(root: Path = ROOT, limit: int = MAX_LINES) -> list[tuple[str, int]]:
+    """Source files over `limit` lines, as (path, lines), longest first."""
+    found = []
+    for path in root.rglob("*"):
+        relative = path.relative_to(root)
+        if path.suffix in SOURCE_SUFFIXES and path.is_file() and not any(p in NOT_SOURCE for p in relative.parts[:-1]):
+            lines = len(path.read_text(errors="replace").splitlines())
+            if lines > limit:
+                found.append((relative.as_posix(), lines))
+    return sorted(found, key=lambda item: -item[1])
+
+
 def dot(graph: dict[str, set[str]]) -> str:
     lines = [
         "digraph contextrender {",
@@ -132,7 +171,10 @@ def dot(graph: dict[str, set[str]]) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("out", nargs="?", type=Path, help="write the DOT file here")
-    parser.add_argument("--check", action="store_true", help="exit 1 if the imports form a loop")
+    parser.add_argument("--check", action="store_true",
+                        help="exit 1 if the imports form a loop or graph/ imports engine/ or walkers/")
+    parser.add_argument("--max-lines", action="store_true",
+                        help=f"with --check: exit 1 too if a source file (tests aside) is over {MAX_LINES} lines")
     args = parser.parse_args()
     known = modules()
     graph = imports(known)
@@ -144,11 +186,22 @@ def main() -> int:
     if loop:
         print("import loop: " + " -> ".join(loop), file=sys.stderr)
         return 1
+    forbidden = forbidden_imports(graph)
+    if forbidden:
+        print("forbidden imports: " + ", ".join(f"{s} -> {t}" for s, t in forbidden), file=sys.stderr)
+        return 1
+    if args.check:
+        long = long_files()
+        if long:
+            print(f"over {MAX_LINES} lines: " + ", ".join(f"{p} ({n})" for p, n in long),
+                  file=sys.stderr if args.max_lines else sys.stdout)
+            if args.max_lines:
+                return 1
     if args.out:
         args.out.write_text(dot(graph))
         print(f"{len(graph)} modules, {sum(map(len, graph.values()))} imports, no loop: {args.out}")
     elif args.check:
-        print(f"{len(graph)} modules, no import loop")
+        print(f"{len(graph)} modules, no import loop, no forbidden import")
     return 0
 
 

@@ -12,7 +12,7 @@ def test_no_import_loop_and_the_render_path_exists():
     done = subprocess.run([sys.executable, str(ROOT / "scripts" / "architecture.py"), "--check"],
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
-    assert "no import loop" in done.stdout
+    assert "no import loop, no forbidden import" in done.stdout
 
 
 def test_a_loop_is_found(tmp_path):
@@ -23,3 +23,44 @@ def test_a_loop_is_found(tmp_path):
         sys.path.pop(0)
     assert architecture.find_loop({"a/x": {"a/y"}, "a/y": {"a/z"}, "a/z": {"a/x"}}) == ["a/x", "a/y", "a/z", "a/x"]
     assert architecture.find_loop({"a/x": {"a/y"}, "a/y": set()}) == []
+
+
+def load_script():
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        import architecture
+    finally:
+        sys.path.pop(0)
+    return architecture
+
+
+def test_graph_may_not_import_engine_or_walkers():
+    architecture = load_script()
+    graph = {"graph/context": {"engine/measure", "graph/content"}, "graph/content": set(),
+             "walkers/ingest": {"graph/context", "engine/index"}, "engine/measure": set(), "engine/index": {"graph/context"}}
+    assert architecture.forbidden_imports(graph) == [("graph/context", "engine/measure")]
+    # What the project's graph/ imports today.
+    found = architecture.imports(architecture.modules())
+    assert found["graph/context"] == {"graph/content"} and found["graph/content"] == set()
+
+
+def test_a_subpackage_module_is_found_and_its_imports_too(tmp_path, monkeypatch):
+    architecture = load_script()
+    (tmp_path / "adapters" / "proxy").mkdir(parents=True)
+    (tmp_path / "adapters" / "proxy" / "__init__.py").write_text("from contextrender_adapters.proxy.app import create_app\n")
+    (tmp_path / "adapters" / "proxy" / "app.py").write_text("from contextrender_adapters import core\n")
+    (tmp_path / "adapters" / "core.py").write_text("")
+    (tmp_path / "contextrender.jac").write_text("")
+    monkeypatch.setattr(architecture, "ROOT", tmp_path)
+    found = architecture.imports(architecture.modules())
+    assert found["adapters/proxy"] == {"adapters/proxy/app"} and found["adapters/proxy/app"] == {"adapters/core"}
+
+
+def test_long_source_files_are_named_and_tests_are_not(tmp_path):
+    architecture = load_script()
+    (tmp_path / "engine").mkdir()
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "engine" / "long.jac").write_text("x\n" * 401)
+    (tmp_path / "engine" / "short.py").write_text("x\n" * 400)
+    (tmp_path / "tests" / "test_long.py").write_text("x\n" * 900)
+    assert architecture.long_files(tmp_path) == [("engine/long.jac", 401)]

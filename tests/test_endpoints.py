@@ -1,5 +1,6 @@
-"""adapters/endpoints.py: the endpoint table matches what the server serves, and Engine, Client
-and AsyncClient each have one method per endpoint that sends exactly its fields."""
+"""adapters/endpoints.py: the endpoint table matches what the server serves and what core.py
+loads, and Engine, Client and AsyncClient each have one method per endpoint (made from its row)
+that sends exactly its fields."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import httpx
 import pytest
 from jaclang.runtimelib.server import ModuleIntrospector
 
-from contextrender_adapters import AsyncClient, Client, Engine, InvalidRequest
+from contextrender_adapters import AsyncClient, Client, Engine, InvalidRequest, core
 from contextrender_adapters.client import Rendered
 from contextrender_adapters.endpoints import ENDPOINTS
 from tests.conftest import assistant, call, tool, user
@@ -55,6 +56,45 @@ def test_the_table_is_what_the_server_serves():
     for name, cls in walkers.items():
         fields = {f.name for f in dataclasses.fields(cls) if not f.name.startswith("_") and f.name != "reports"}
         assert set(ENDPOINTS[name].fields) == fields, name
+        # core.py loads each walker from the module its row names.
+        assert cls.__module__ == ENDPOINTS[name].module, name
+        assert getattr(core, name) is cls, name
+
+
+def test_only_health_is_served_without_a_login():
+    introspector = ModuleIntrospector(module_name="contextrender", base_path=str(REPO))
+    introspector.get_walkers()
+    assert [name for name in ENDPOINTS if not introspector.is_auth_required_for_walker(name)] == ["health"]
+
+
+def test_core_loads_every_endpoint_walker_by_its_row():
+    assert set(ENDPOINTS) <= set(core.__all__)
+
+
+def test_a_method_reads_as_its_row_says():
+    signature = inspect.signature(Client.render)
+    assert list(signature.parameters)[:3] == ["self", "session_id", "messages"]
+    assert signature.parameters["budget"].kind is inspect.Parameter.KEYWORD_ONLY
+    assert signature.parameters["budget"].default is inspect.Parameter.empty
+    assert Client.render.__doc__.startswith("Ingest what is new") and Client.render.__name__ == "render"
+    sent: list = []
+
+    class Recording(Engine):
+        def _call(self, walker, **fields):
+            sent.append((walker, fields))
+
+    recording = Recording.__new__(Recording)
+    recording.render("s", budget=900, explain=True, verbosity=2)
+    recording.ingest("s", [], usage=None)
+    recording.ingest("s", [])
+    assert sent[0] == ("render_context", {"session_id": "s", "messages": [], "budget": 900, "selector": "",
+                                          "include_decisions": True, "params": {"verbosity": 2}})
+    # None, or nothing, sends the row's default, a fresh copy each call.
+    assert sent[1][1]["usage"] == {} and sent[1][1]["usage"] is not sent[2][1]["usage"]
+    with pytest.raises(TypeError):
+        recording.render("s")  # budget is required
+    with pytest.raises(TypeError):
+        recording.get_session("s", include_mesages=True)  # no such field
 
 
 @pytest.mark.parametrize("cls", [Engine, Client, AsyncClient])
