@@ -21,35 +21,23 @@ when it is all there unchanged, else its blocks with the results first), so ever
 answered in the next turn; the marker and summaries are turns of their own (the API combines
 consecutive turns of one role). `system`, `tools` and every other field are forwarded untouched.
 
-Prompt cache. The client's `cache_control` markers stay on the blocks they were on when those are
-kept. One more breakpoint goes on the last block of the stable prefix: the longest run of messages
-identical to the session's previous forwarded request, the part a re-rendered history repeats.
-Anthropic allows 4: when the client's markers and this one exceed that, the client's markers inside
-the history are dropped first (its markers on `system`, `tools` and the last message are kept).
+The prompt cache breakpoints it places are `anthropic_cache.py`'s.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from contextrender_adapters.formats import EventReader, arguments, origins_of, plain, usage_counts
+from contextrender_adapters.anthropic_cache import CACHE, MAX_BREAKPOINTS, NO_BREAKPOINT, as_blocks, bare, breakpoints
 from contextrender_adapters.core import InvalidRequest, content_text
+from contextrender_adapters.formats import EventReader, arguments, origins_of, plain, usage_counts
 
 __all__ = ["FORMAT", "MAX_BREAKPOINTS", "breakpoints", "to_normal"]
 
-CACHE = "cache_control"
-MAX_BREAKPOINTS = 4
-# Blocks that cannot carry a cache breakpoint (Anthropic refuses one on them).
-_NO_BREAKPOINT = ("thinking", "redacted_thinking")
 _ERROR_TYPES = {401: "authentication_error", 403: "permission_error", 404: "not_found_error",
                 413: "request_too_large", 429: "rate_limit_error", 529: "overloaded_error"}
-
-
-def _bare(block: dict) -> dict:
-    return plain(block, frozenset({CACHE}))
 
 
 @dataclass
@@ -89,7 +77,7 @@ def _assistant(blocks: list[dict]) -> dict:
         {"id": b["id"], "type": "function", "function": {"name": b["name"], "arguments": _arguments(b["id"], b.get("input", {}))}}
         for b in blocks if b.get("type") == "tool_use"
     ]
-    parts = [_bare(b) for b in blocks if b.get("type") != "tool_use"]
+    parts = [bare(b) for b in blocks if b.get("type") != "tool_use"]
     # The chat-completions rule the engine stores by: null beside calls, else "".
     message: dict[str, Any] = {"role": "assistant", "content": parts or (None if calls else "")}
     if calls:
@@ -118,7 +106,7 @@ def to_normal(body: dict) -> tuple[list[dict], list[Origin | None]]:
     if system is not None:
         if isinstance(system, list):
             _check_blocks("system", system)
-            system = [_bare(b) for b in system]
+            system = [bare(b) for b in system]
         elif not isinstance(system, str):
             raise InvalidRequest("system must be a string or a list of text blocks")
         normal.append({"role": "system", "content": system})
@@ -134,7 +122,7 @@ def to_normal(body: dict) -> tuple[list[dict], list[Origin | None]]:
             continue
         _check_blocks(where, content)
         if role == "system":
-            normal.append({"role": "system", "content": [_bare(b) for b in content]})
+            normal.append({"role": "system", "content": [bare(b) for b in content]})
             origins.append(Origin(k, blocks=content))
             continue
         if role == "assistant":
@@ -156,7 +144,7 @@ def to_normal(body: dict) -> tuple[list[dict], list[Origin | None]]:
             origins.append(Origin(k, blocks=[block]))
         rest = [b for b in content if b["type"] != "tool_result"]
         if rest or not results:
-            normal.append({"role": "user", "content": [_bare(b) for b in rest]})
+            normal.append({"role": "user", "content": [bare(b) for b in rest]})
             origins.append(Origin(k, blocks=rest))
     return normal, origins
 
@@ -189,7 +177,7 @@ def _from_rendered(message: dict, sent: dict | None, origin: Origin | None, last
                     out.append(block)
             elif content is None:
                 continue
-            elif same_text or (kind != "text" and (last or kind not in _NO_BREAKPOINT)):
+            elif same_text or (kind != "text" and (last or kind not in NO_BREAKPOINT)):
                 out.append(block)  # thinking and its signature as sent
             elif kind != "text":
                 continue
@@ -202,10 +190,6 @@ def _from_rendered(message: dict, sent: dict | None, origin: Origin | None, last
         out.append({"type": "tool_use", "id": call["id"], "name": call["function"]["name"],
                     "input": json.loads(call["function"]["arguments"] or "{}")})
     return out
-
-
-def _as_blocks(content: list[dict] | str) -> list[dict]:
-    return [{"type": "text", "text": content}] if isinstance(content, str) else list(content)
 
 
 def to_messages(rendered: list[dict], prepared: list[dict], origins: list[Origin | None], client: list[dict]) -> list[dict]:
@@ -223,7 +207,7 @@ def to_messages(rendered: list[dict], prepared: list[dict], origins: list[Origin
             continue
         origin = origins[i] if i is not None else None
         content = _from_rendered(message, prepared[i] if i is not None else None, origin, last=r == final)
-        if role == "assistant" and isinstance(content, list) and all(b.get("type") in _NO_BREAKPOINT for b in content):
+        if role == "assistant" and isinstance(content, list) and all(b.get("type") in NO_BREAKPOINT for b in content):
             continue  # nothing left but reasoning (or nothing): not a turn Anthropic takes
         side = role if role in ("assistant", "system") else "user"
         piece = (content, message == prepared[i] if i is not None else False)
@@ -243,7 +227,7 @@ def to_messages(rendered: list[dict], prepared: list[dict], origins: list[Origin
         if len(parts) == 1:
             turns.append({"role": side, "content": parts[0][0]})
             continue
-        joined = [b for (content, _) in parts for b in _as_blocks(content)]
+        joined = [b for (content, _) in parts for b in as_blocks(content)]
         # A user turn answering calls starts with its results (Anthropic requires it).
         joined = [b for b in joined if b.get("type") == "tool_result"] + [b for b in joined if b.get("type") != "tool_result"]
         turns.append({"role": side, "content": joined})
@@ -274,78 +258,6 @@ def pairing_problems(turns: list[dict]) -> list[str]:
             if mine - answered and after is not None:
                 problems.append(f"messages[{k}] calls {sorted(mine - answered)} with no tool_result in the next turn")
     return problems
-
-
-# ---------------------------------------------------------------- prompt cache breakpoints
-
-
-def _signature(role: str, index: int, block: dict) -> bytes:
-    text = json.dumps([index, role, _bare(block)], ensure_ascii=False, sort_keys=True)
-    return hashlib.blake2b(text.encode(), digest_size=16).digest()
-
-
-def _markers(value: Any) -> int:
-    if isinstance(value, list):
-        return sum(1 for b in value if isinstance(b, dict) and b.get(CACHE))
-    return 0
-
-
-def _can_mark(block: dict) -> bool:
-    return block.get("type") not in _NO_BREAKPOINT and block != {"type": "text", "text": ""}
-
-
-def breakpoints(body: dict, turns: list[dict], previous: Any, move: bool = False) -> Any:
-    """Put a cache breakpoint at the end of the stable prefix of `turns` (in place: blocks are
-    replaced, never changed) and return what the next request compares with. `move`: the
-    client's breakpoints inside `messages` go (the stable end takes their place), else they stay
-    and the total is kept within MAX_BREAKPOINTS by dropping the client's ones inside the history
-    first. With no stable prefix (a session's first request, or everything changed) the client's
-    breakpoints are left as they are."""
-    head = hashlib.blake2b(json.dumps([body.get("system"), body.get("tools")], ensure_ascii=False, sort_keys=True).encode(),
-                           digest_size=16).digest()
-    blocks: list[tuple[int, int, dict]] = []
-    for (k, turn) in enumerate(turns):
-        blocks.extend((k, j, b) for (j, b) in enumerate(_as_blocks(turn["content"])))
-    signatures = [_signature(turns[k]["role"], k, b) for (k, _, b) in blocks]
-    memo = (head, signatures)
-    stable = 0
-    if previous is not None and previous[0] == head:
-        old = previous[1]
-        while stable < min(len(old), len(signatures)) and old[stable] == signatures[stable]:
-            stable += 1
-    spot = next((p for p in range(stable - 1, -1, -1) if _can_mark(blocks[p][2])), None)
-    if spot is None or (blocks[spot][2].get(CACHE) and not move):
-        return memo
-    # A top-level `cache_control` (automatic caching) takes one breakpoint at the request's end.
-    fixed = _markers(body.get("system")) + _markers(body.get("tools")) + (1 if body.get(CACHE) else 0)
-    marked = [p for (p, (_, _, b)) in enumerate(blocks) if b.get(CACHE)]
-    # The client's own marker (its TTL) where it set one, else the 5-minute default.
-    marker = blocks[marked[-1]][2][CACHE] if marked else {"type": "ephemeral"}
-    if move:
-        drop = marked
-    else:
-        # Room for one more: the client's breakpoints inside the history go first, oldest first
-        # (those on system, tools and the last turn stay). A client already over the limit is
-        # left as it sent it.
-        droppable = [p for p in marked if blocks[p][0] != len(turns) - 1]
-        excess = fixed + len(marked) + 1 - MAX_BREAKPOINTS
-        if fixed + len(marked) > MAX_BREAKPOINTS or excess > len(droppable):
-            return memo
-        drop = droppable[:max(0, excess)]
-    if fixed + 1 > MAX_BREAKPOINTS:
-        return memo
-    for p in drop:
-        _set_block(turns, blocks[p][0], blocks[p][1], {key: v for (key, v) in blocks[p][2].items() if key != CACHE})
-    (k, j) = blocks[spot][:2]
-    _set_block(turns, k, j, dict(_as_blocks(turns[k]["content"])[j], **{CACHE: marker}))
-    return memo
-
-
-def _set_block(turns: list[dict], k: int, j: int, block: dict) -> None:
-    # A copy: the client's blocks stay as they were (kept messages share them).
-    content = _as_blocks(turns[k]["content"])
-    content[j] = block
-    turns[k]["content"] = content
 
 
 # ---------------------------------------------------------------- the format layer

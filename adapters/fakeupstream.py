@@ -1,6 +1,6 @@
 """A scripted server speaking OpenAI chat completions, OpenAI Responses and Anthropic Messages,
-for tests and benchmarks, and a helper that serves any ASGI app on a free loopback port from a
-background thread.
+for tests and benchmarks (`loopback.py` serves it, or any ASGI app, on a free loopback port from a
+background thread).
 
     with FakeUpstream() as upstream:          # http://127.0.0.1:<port>/v1
         upstream.enqueue(content="hello")     # next answer (default: a canned one), any protocol
@@ -13,15 +13,12 @@ in `Recorded.sent`, so a test can compare them with what a client got through th
 Like the real services, `/v1/messages` refuses (400, Anthropic's error shape) a request whose
 `tool_use` blocks are not answered by `tool_result` blocks in the next turn, or whose thinking
 blocks do not carry the signature it gave them; `/v1/responses` one whose function calls and
-outputs do not pair up. Usage is reported with input tokens = request bytes / 4.
+outputs do not pair up (`fake_checks.py`). Usage is reported with input tokens = request bytes / 4.
 """
 
 from __future__ import annotations
 
-import base64
-import hashlib
 import json
-import socket
 import threading
 import time
 from collections import deque
@@ -32,37 +29,10 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
+from contextrender_adapters.fake_checks import messages_problem, responses_problem, signature
+from contextrender_adapters.loopback import LoopbackServer, free_port
+
 __all__ = ["FakeUpstream", "LoopbackServer", "Recorded", "free_port", "signature"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class LoopbackServer:
-    """Serves an ASGI app with uvicorn on 127.0.0.1 in a daemon thread (a context manager)."""
-
-    def __init__(self, app: Any, port: int | None = None) -> None:
-        self.port = port or free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        config = uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning", lifespan="on")
-        self._server = uvicorn.Server(config)
-        self._thread = threading.Thread(target=self._server.run, daemon=True)
-
-    def __enter__(self) -> LoopbackServer:
-        self._thread.start()
-        deadline = time.monotonic() + 30
-        while not self._server.started:
-            if not self._thread.is_alive() or time.monotonic() > deadline:
-                raise RuntimeError(f"the loopback server on port {self.port} did not start")
-            time.sleep(0.01)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._server.should_exit = True
-        self._thread.join(timeout=10)
 
 
 @dataclass
@@ -90,55 +60,8 @@ class _Script:
     thinking: str | None = None
 
 
-def signature(thinking: str) -> str:
-    """The signature the fake gives a thinking block (and checks when it comes back)."""
-    return base64.b64encode(hashlib.sha256(thinking.encode()).digest()).decode()
-
-
 def _sse(event: str, data: dict) -> bytes:
     return f"event: {event}\ndata: {json.dumps(data)}\n\n".encode()
-
-
-def _messages_problem(body: dict) -> str:
-    """What Anthropic would refuse in a request's turns ("" for nothing)."""
-    turns = body.get("messages") or []
-    for (k, turn) in enumerate(turns):
-        blocks = turn.get("content") if isinstance(turn.get("content"), list) else []
-        for block in blocks:
-            if block.get("type") == "thinking" and block.get("signature") != signature(block.get("thinking", "")):
-                return f"messages.{k}: Invalid `signature` in `thinking` block"
-        calls = [b["id"] for b in blocks if b.get("type") == "tool_use"]
-        following = turns[k + 1] if k + 1 < len(turns) else None
-        if calls and following is not None:
-            answered = [b.get("tool_use_id") for b in following.get("content") or [] if isinstance(b, dict) and b.get("type") == "tool_result"]
-            if following.get("role") != "user" or set(calls) - set(answered):
-                return f"messages.{k}: `tool_use` ids were found without `tool_result` blocks immediately after: {sorted(set(calls) - set(answered))}"
-        previous = turns[k - 1] if k > 0 else None
-        results = [b.get("tool_use_id") for b in blocks if b.get("type") == "tool_result"]
-        called = [b.get("id") for b in (previous or {}).get("content") or [] if isinstance(b, dict) and b.get("type") == "tool_use"] if previous else []
-        if set(results) - set(called):
-            return f"messages.{k}: unexpected `tool_use_id` found in `tool_result` blocks: {sorted(set(results) - set(called))}"
-    markers = sum(1 for t in turns for b in (t.get("content") if isinstance(t.get("content"), list) else []) if b.get("cache_control"))
-    markers += sum(1 for b in body.get("system") or [] if isinstance(b, dict) and b.get("cache_control"))
-    markers += sum(1 for b in body.get("tools") or [] if isinstance(b, dict) and b.get("cache_control"))
-    if markers > 4:
-        return f"A maximum of 4 blocks with cache_control may be provided. Found {markers}."
-    return ""
-
-
-def _responses_problem(body: dict) -> str:
-    items = body.get("input") if isinstance(body.get("input"), list) else []
-    called: set = set()
-    for (i, item) in enumerate(items):
-        if item.get("type") == "function_call":
-            called.add(item["call_id"])
-        elif item.get("type") == "function_call_output":
-            if item.get("call_id") not in called:
-                return f"No tool call found for function call output with call_id {item.get('call_id')}."
-            called.discard(item["call_id"])
-    if called:
-        return f"No tool output found for function call {sorted(called)[0]}."
-    return ""
 
 
 class FakeUpstream:
@@ -214,7 +137,7 @@ class FakeUpstream:
         @app.post("/v1/messages")
         async def messages(request: Request) -> Response:
             return await self._conversation(
-                request, _messages_problem,
+                request, messages_problem,
                 lambda message, status: {"type": "error", "error": {"type": "invalid_request_error" if status == 400 else "api_error", "message": message}},
                 self._message, lambda number, script, answer, payload: self._message_events(answer),
             )
@@ -222,7 +145,7 @@ class FakeUpstream:
         @app.post("/v1/responses")
         async def responses(request: Request) -> Response:
             return await self._conversation(
-                request, _responses_problem,
+                request, responses_problem,
                 lambda message, status: {"error": {"message": message, "type": "invalid_request_error", "param": None, "code": None}},
                 self._response, lambda number, script, answer, payload: self._response_events(answer),
             )

@@ -1,6 +1,6 @@
 """The proxy's restore loop for chat completions, without its I/O: when to offer the restore tool,
 how to read a model's answer (whole or streamed) to tell a restore round from the agent's answer,
-and the messages of a round. `proxy.py` sends the requests and relays the bytes.
+and the messages of a round. `proxy/restores.py` sends the requests and relays the bytes.
 
 The rule for every answer, streamed or not: **its first tool call decides.**
 - First call `contextrender_restore` (the tool offered): a restore round. The proxy answers every

@@ -401,7 +401,7 @@ def test_an_empty_answer_keeps_a_content_string():
 
 def test_the_answers_the_proxy_keeps_stay_within_their_share_of_memory(engine, upstream):
     app = create_app(engine, upstream.base_url, BUDGET)
-    state = app.state.proxy
+    state = app.state.proxy.sessions
     state.max_state_bytes = 6000  # about three sessions with one answer each
     answers = {}
     with LoopbackServer(app) as server:

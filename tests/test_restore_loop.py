@@ -1,4 +1,4 @@
-"""The proxy's restore loop (adapters/restore_loop.py, proxy.py) over real HTTP on loopback: a
+"""The proxy's restore loop (adapters/restore_loop.py, proxy/restores.py) over real HTTP on loopback: a
 scripted fake upstream asks for handles named in stubs, and the agent (the `openai` SDK) gets one
 ordinary answer, streamed or not."""
 

@@ -1,0 +1,245 @@
+"""The proxy's routes: the ASGI app (`create_app`), and what happens to one conversation request
+in any format: its per-request settings read, its session named, the history rendered (or the
+request forwarded unmanaged, fail-open, when the engine fails), and the result forwarded."""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import json
+import logging
+import os
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+from starlette.concurrency import run_in_threadpool
+
+from contextrender_adapters import anthropic, responses, restore_loop
+from contextrender_adapters.core import InvalidRequest
+from contextrender_adapters.proxy.chat import CHAT
+from contextrender_adapters.proxy.interfaces import Backend, Format, field
+from contextrender_adapters.proxy.restores import DEFAULT_RESTORE_ROUNDS, Restores, Rounds
+from contextrender_adapters.proxy.sessions import Sessions, derive_session, model_encoding
+from contextrender_adapters.proxy.upstream import DEFAULT_UPSTREAM_TIMEOUT, Upstream, error
+
+__all__ = ["BUDGET_HEADER", "DEFAULT_SELECTOR", "SELECTOR_HEADER", "SESSION_HEADER", "STATUS_HEADER", "UNMANAGED_HEADER",
+           "create_app"]
+
+log = logging.getLogger("contextrender.proxy")
+
+SESSION_HEADER = "x-contextrender-session"
+STATUS_HEADER = "x-contextrender-status"
+BUDGET_HEADER = "x-contextrender-budget"
+SELECTOR_HEADER = "x-contextrender-selector"
+# Why a conversation request was forwarded without a render (absent when it was rendered).
+UNMANAGED_HEADER = "x-contextrender-unmanaged"
+# Engine errors that are the request's fault (malformed messages, a rewrite refused, too large).
+_REQUEST_FAULTS = {400, 409, 413, 422}
+DEFAULT_SELECTOR = "contextrender"
+_TOO_DEEP = "ContextRender proxy: the JSON body is nested too deeply"
+
+
+def _summary_headers(session_id: str, result: Any) -> list[tuple[str, str]]:
+    return [
+        ("x-contextrender-session", session_id),
+        ("x-contextrender-history-tokens", str(result.history_tokens)),
+        ("x-contextrender-kept", str(result.kept)),
+        ("x-contextrender-omitted", str(result.omitted)),
+        ("x-contextrender-folded", str(result.folded_messages)),
+    ]
+
+
+class _Proxy:
+    def __init__(
+        self, backend: Backend, upstream: str, budget: int, selector: str, fail_closed: bool,
+        client: httpx.AsyncClient | None = None, upstream_timeout: float = DEFAULT_UPSTREAM_TIMEOUT,
+        restore_rounds: int = DEFAULT_RESTORE_ROUNDS,
+    ) -> None:
+        self.backend = backend
+        self.restore_rounds = restore_rounds
+        self.upstream = Upstream(upstream, upstream_timeout, client)
+        self.budget = budget
+        self.selector = selector or DEFAULT_SELECTOR
+        self.fail_closed = fail_closed
+        self.sessions = Sessions(backend)
+        self.restores = Restores(self.upstream, self.sessions, backend, restore_rounds)
+
+    def controls(self, request: Request) -> tuple[int, str]:
+        """The budget and selector of this request: the proxy's, or its `X-ContextRender-Budget`
+        and `X-ContextRender-Selector` headers (checked: InvalidRequest names the header)."""
+        # Imported here: the renderer loads byLLM, which `contextrender --help` need not wait for.
+        from contextrender_adapters.core import MIN_BUDGET, render_settings
+
+        budget, selector = self.budget, self.selector
+        if BUDGET_HEADER in request.headers:
+            value = request.headers[BUDGET_HEADER].strip()
+            if not value.isdigit() or int(value) < MIN_BUDGET:
+                raise InvalidRequest(f"X-ContextRender-Budget must be a whole number of tokens >= {MIN_BUDGET} (got {value!r})")
+            budget = int(value)
+        if SELECTOR_HEADER in request.headers:
+            selector = request.headers[SELECTOR_HEADER].strip()
+            try:
+                render_settings({"selector": selector})
+            except InvalidRequest as exc:
+                raise InvalidRequest(f"X-ContextRender-Selector: {exc}") from exc
+        return budget, selector
+
+    async def managed(self, request: Request, fmt: Format) -> Response:
+        """A conversation request in `fmt`'s protocol, rendered and forwarded."""
+        try:
+            budget, selector = self.controls(request)
+        except InvalidRequest as exc:
+            # The caller asked for this request's settings: a bad one is refused, fail-open or not.
+            return error(fmt, 400, f"ContextRender: {exc}", "invalid_request_error")
+        raw = await request.body()
+        try:
+            body = json.loads(raw)
+        except RecursionError:
+            return error(fmt, 400, _TOO_DEEP, "invalid_request_error")
+        except ValueError:
+            body = None
+        failure: Exception | None = None
+        try:
+            exchange = fmt.parse(body) if isinstance(body, dict) else None
+        except InvalidRequest as exc:
+            exchange, failure = None, exc
+        if exchange is None and failure is None:
+            # Not ours to judge: the upstream answers it.
+            return await self.upstream.forward(request, raw, fmt, headers=[(STATUS_HEADER, "unmanaged; reason=no_messages_list")])
+        messages = exchange.messages if exchange is not None else []
+        session_id = request.headers.get(SESSION_HEADER) or derive_session(messages)
+        if failure is not None:
+            return await self.engine_failed(request, raw, session_id, failure, fmt)
+        state = self.sessions.session(session_id)
+        if fmt is CHAT and self.restore_rounds and restore_loop.declares_restore(body):
+            # Refused before anything is stored: the proxy would answer the agent's own tool.
+            return JSONResponse({"error": {
+                "message": f"ContextRender proxy: this request declares a tool named {restore_loop.RESTORE_TOOL!r}, the name "
+                           "the proxy reserves for the model to take back omitted tool results. Rename your tool, or start "
+                           "the proxy with --restore-rounds 0 if your agent answers that tool itself.",
+                "type": "invalid_request_error", "param": "tools", "code": "contextrender_reserved_tool_name",
+            }}, status_code=400)
+        if exchange.unmanaged:
+            if not state.warned:
+                state.warned = True
+                log.warning("session %s: forwarded without rendering: %s", session_id, exchange.unmanaged)
+            # The reason can quote a client's item type: ASCII only in a header.
+            reason = exchange.unmanaged.encode("ascii", "replace").decode()
+            return await self.upstream.forward(request, raw, fmt, headers=[
+                (STATUS_HEADER, "unmanaged; reason=not_renderable"), (UNMANAGED_HEADER, reason),
+            ])
+        encoding = model_encoding(exchange.model)
+        async with state.lock:
+            state.turn += 1
+            turn = state.turn
+            try:
+                await run_in_threadpool(self.sessions.check_encoding, session_id, state, encoding)
+                prepared = self.sessions.reconcile(session_id, messages)
+                result = await run_in_threadpool(
+                    lambda: self.backend.render(session_id, prepared, budget=budget, selector=selector)
+                )
+                (out_body, state.previous) = exchange.build(list(result.messages), prepared, state.previous)
+                estimate = self.sessions.estimate(state, state.encoding or encoding, result, exchange.tools)
+            except Exception as exc:  # noqa: BLE001 - fail-open covers every engine failure
+                failure = exc
+        if failure is not None:
+            return await self.engine_failed(request, raw, session_id, failure, fmt)
+        state.unmanaged = False
+        try:
+            out = json.dumps(out_body, ensure_ascii=False).encode()
+        except RecursionError:
+            return error(fmt, 400, _TOO_DEEP, "invalid_request_error")
+        on_answer = self.sessions.answered(session_id, turn, len(messages), estimate)
+        headers = [(STATUS_HEADER, "managed")] + _summary_headers(session_id, result)
+        if fmt is CHAT and self.restore_rounds and restore_loop.offers_tool(out_body, field(result, "omitted"), field(result, "compacted")):
+            rounds = Rounds(estimate, state.encoding or encoding)
+            return await self.restores.forward(request, out_body, session_id, on_answer, headers, rounds)
+        return await self.upstream.forward(request, out, fmt, on_answer=on_answer, headers=headers)
+
+    async def chat_completions(self, request: Request) -> Response:
+        return await self.managed(request, CHAT)
+
+    async def messages(self, request: Request) -> Response:
+        return await self.managed(request, anthropic.FORMAT)
+
+    async def responses(self, request: Request) -> Response:
+        return await self.managed(request, responses.FORMAT)
+
+    async def engine_failed(self, request: Request, raw: bytes, session_id: str, exc: Exception, fmt: Format) -> Response:
+        status = getattr(exc, "status", 500)
+        if self.fail_closed:
+            # The request's own faults go back as such; anything else (the server down, an
+            # expired login) is the proxy's failure, not the agent's: 502.
+            code = status if status in _REQUEST_FAULTS else 502
+            kind = "invalid_request_error" if code != 502 else "contextrender_error"
+            return error(fmt, code, f"ContextRender: {exc}", kind)
+        # Fail-open: the agent gets its answer, and the headers say the history went unmanaged;
+        # the log says why once, not at every call of a session that keeps failing.
+        state = self.sessions.session(session_id)
+        if not state.unmanaged:
+            state.unmanaged = True
+            log.warning("session %s: render failed, forwarding requests unmanaged until it works again: %s: %s",
+                        session_id, type(exc).__name__, exc)
+        return await self.upstream.forward(request, raw, fmt, headers=[
+            (STATUS_HEADER, f"unmanaged; reason={type(exc).__name__}"),
+            (UNMANAGED_HEADER, f"render failed ({type(exc).__name__})"),
+        ])
+
+
+def create_app(
+    backend: Backend,
+    upstream: str,
+    budget: int,
+    selector: str = DEFAULT_SELECTOR,
+    fail_closed: bool = False,
+    upstream_timeout: float | None = None,
+    restore_rounds: int = DEFAULT_RESTORE_ROUNDS,
+) -> FastAPI:
+    """The proxy as an ASGI app (serve it with uvicorn). `backend` is an `Engine` or a `Client`.
+    `upstream_timeout`: seconds of upstream silence before a 504 (default
+    $CONTEXTRENDER_UPSTREAM_TIMEOUT or 600). `restore_rounds`: restore rounds one chat-completions
+    request may take (0: the restore tool is never offered)."""
+    if not isinstance(budget, int) or budget <= 0:
+        raise ValueError(f"budget must be a positive number of tokens (got {budget!r})")
+    if not isinstance(restore_rounds, int) or restore_rounds < 0:
+        raise ValueError(f"restore_rounds must be an integer >= 0 (got {restore_rounds!r})")
+    if upstream_timeout is None:
+        upstream_timeout = float(os.environ.get("CONTEXTRENDER_UPSTREAM_TIMEOUT", DEFAULT_UPSTREAM_TIMEOUT))
+    if not upstream_timeout > 0:
+        raise ValueError(f"upstream_timeout must be a positive number of seconds (got {upstream_timeout!r})")
+    proxy = _Proxy(backend, upstream, budget, selector, fail_closed, upstream_timeout=upstream_timeout, restore_rounds=restore_rounds)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        timeout = httpx.Timeout(upstream_timeout, connect=30.0, pool=None)
+        warm_up = getattr(backend, "warm_up", None)  # an Engine: its models load before the first request
+        if warm_up is not None:
+            await run_in_threadpool(warm_up)
+        # Everything loaded so far (Jac modules, litellm, models) lives as long as the process:
+        # moved out of the collector's reach, a full collection no longer walks it. Without
+        # this, the first request that allocated enough paid for one walk of the whole start-up
+        # heap: a first request with 150 results 2.0 s, against 0.27 s after it.
+        gc.collect()
+        gc.freeze()
+        async with httpx.AsyncClient(timeout=timeout, limits=httpx.Limits(max_connections=None)) as client:
+            proxy.upstream.client = client
+            yield
+
+    app = FastAPI(title="ContextRender proxy", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.proxy = proxy
+    app.add_api_route("/v1/chat/completions", proxy.chat_completions, methods=["POST"])
+    app.add_api_route("/v1/messages", proxy.messages, methods=["POST"])
+    app.add_api_route("/v1/responses", proxy.responses, methods=["POST"])
+
+    async def passthrough(request: Request, path: str) -> Response:
+        # Anthropic's other paths (count_tokens, batches) get its error shape from the proxy too.
+        fmt = anthropic.FORMAT if path.startswith("v1/messages/") else CHAT
+        return await proxy.upstream.forward(request, await request.body(), fmt)
+
+    app.add_api_route(
+        "/{path:path}", passthrough, methods=["GET", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "HEAD"],
+    )
+    return app

@@ -1,0 +1,85 @@
+"""`contextrender proxy`: the command line that starts the proxy, on the engine in-process or on
+a running server."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import os
+from typing import Any
+
+from contextrender_adapters.proxy.app import DEFAULT_SELECTOR, create_app
+from contextrender_adapters.proxy.interfaces import Backend
+from contextrender_adapters.proxy.restores import DEFAULT_RESTORE_ROUNDS
+from contextrender_adapters.proxy.upstream import DEFAULT_UPSTREAM_TIMEOUT
+
+__all__ = ["register", "run"]
+
+log = logging.getLogger("contextrender.proxy")
+
+
+def _backend(args: argparse.Namespace) -> Backend:
+    if args.server:
+        from contextrender_adapters.client import Client
+
+        client = Client(args.server, token=args.token or None)
+        if not args.token:
+            username = os.environ.get("CONTEXTRENDER_USERNAME")
+            password = os.environ.get("CONTEXTRENDER_PASSWORD")
+            if not (username and password):
+                raise SystemExit(
+                    "contextrender proxy --server needs a token: pass --token (or set CONTEXTRENDER_TOKEN), "
+                    "or set CONTEXTRENDER_USERNAME and CONTEXTRENDER_PASSWORD to log in"
+                )
+            client.login(username, password)
+        return client
+    from contextrender_adapters.engine import Engine
+
+    return Engine(args.store)
+
+
+def run(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from contextrender_adapters.core import SELECTORS
+
+    if args.selector not in SELECTORS:
+        # Checked here: once serving, a bad selector would fail every request open.
+        raise SystemExit(f"contextrender proxy: unknown selector {args.selector!r}; known: {', '.join(SELECTORS)}")
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.restore_rounds < 0:
+        raise SystemExit(f"contextrender proxy: --restore-rounds must be >= 0 (got {args.restore_rounds})")
+    app = create_app(_backend(args), args.upstream, args.budget, args.selector, args.fail_closed, args.upstream_timeout,
+                     args.restore_rounds)
+    where = f"server {args.server}" if args.server else f"store {os.path.abspath(args.store)}"
+    log.info("proxy on http://%s:%d -> %s (budget %d, selector %s, restore rounds %d, %s)", args.host, args.port,
+             args.upstream, args.budget, args.selector, args.restore_rounds, where)
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    return 0
+
+
+def register(subparsers: Any) -> None:
+    """Add `contextrender proxy` to the command line."""
+    parser = subparsers.add_parser(
+        "proxy",
+        help="OpenAI-compatible proxy that renders each request's history within a token budget",
+        # The package's summary: its docstring's first paragraph.
+        description=importlib.import_module(__package__).__doc__.split("\n\n")[0],
+    )
+    parser.add_argument("--upstream", required=True, help="upstream base URL, as an OpenAI client takes it (e.g. https://api.openai.com/v1)")
+    parser.add_argument("--budget", type=int, required=True, help="history budget B in tokens (system prompt and current user message are outside B)")
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--selector", default=DEFAULT_SELECTOR, help="renderer selector (default: contextrender; also full, cr-recency, ...)")
+    parser.add_argument("--server", default="", help="URL of a running `jac start` ContextRender server (default: the engine in-process)")
+    parser.add_argument("--token", default=os.environ.get("CONTEXTRENDER_TOKEN", ""), help="with --server: bearer token (default $CONTEXTRENDER_TOKEN)")
+    parser.add_argument("--store", default=os.environ.get("CONTEXTRENDER_STORE", ".contextrender"), help="without --server: the graph store (default $CONTEXTRENDER_STORE or .contextrender)")
+    parser.add_argument("--fail-closed", action="store_true", help="answer engine failures with an error instead of forwarding the original request")
+    parser.add_argument("--upstream-timeout", type=float, default=None,
+                        help=f"seconds the upstream may send nothing before a 504 (default $CONTEXTRENDER_UPSTREAM_TIMEOUT or {DEFAULT_UPSTREAM_TIMEOUT:g})")
+    parser.add_argument("--restore-rounds", type=int, default=DEFAULT_RESTORE_ROUNDS,
+                        help=f"restore rounds per chat-completions request: the model may take back omitted results with the "
+                             f"tool contextrender_restore, answered by the proxy (default {DEFAULT_RESTORE_ROUNDS}; 0: never offered)")
+    parser.set_defaults(func=run)

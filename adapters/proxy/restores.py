@@ -1,0 +1,223 @@
+"""Restore rounds for chat completions, their I/O: the request goes upstream with the restore tool
+offered, the proxy answers the model's restore calls from the store and asks again (up to the
+proxy's `restore_rounds`), and the agent gets the one answer that is its own, whole or streamed
+(README, "Restores"). How an answer is read, and the messages of a round, are `restore_loop.py`."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import AsyncIterator, Callable, Sequence
+from typing import Any
+
+import httpx
+from fastapi import Request
+from fastapi.responses import Response
+from starlette.background import BackgroundTask
+from starlette.concurrency import run_in_threadpool
+
+from contextrender_adapters import restore_loop
+from contextrender_adapters.core import get_tokenizer
+from contextrender_adapters.proxy.chat import CHAT, chat_usage
+from contextrender_adapters.proxy.interfaces import Backend, field
+from contextrender_adapters.proxy.relay import Pending, raw, streaming
+from contextrender_adapters.proxy.sessions import Sessions
+from contextrender_adapters.proxy.upstream import Upstream, unless_gone
+
+__all__ = ["DEFAULT_RESTORE_ROUNDS", "RESTORE_ROUNDS_HEADER", "RESTORE_USAGE_HEADER", "Restores", "Rounds"]
+
+log = logging.getLogger("contextrender.proxy")
+
+# Restore rounds one agent request may take (each is one more upstream call).
+DEFAULT_RESTORE_ROUNDS = 3
+# Response headers: the restore rounds taken before the response started, and their usage.
+RESTORE_ROUNDS_HEADER = "x-contextrender-restore-rounds"
+RESTORE_USAGE_HEADER = "x-contextrender-restore-usage"
+
+OnAnswer = Callable[..., BackgroundTask | None]
+
+
+class Rounds:
+    """The restore rounds of one agent request: the messages they add upstream, their usage as the
+    upstream reported it (for the headers), and every call's usage as the session records it, with
+    the proxy's estimate of the inputs of the calls after the first."""
+
+    def __init__(self, estimate: int, encoding: str) -> None:
+        self.count = 0
+        self.messages: list[dict] = []
+        self.usage: dict[str, int] = {}
+        self.reported: dict[str, int] = {}
+        self.estimate = estimate
+        self.extra_estimate = 0
+        self.encoding = encoding
+
+    def called(self) -> None:
+        """One more upstream call: after the first, its input is the first's plus the rounds."""
+        if self.messages:
+            self.extra_estimate += self.estimate + get_tokenizer(self.encoding).history_tokens(self.messages)
+
+    def answered(self, usage: dict) -> None:
+        """A call's usage as the session records it (summed over the request's calls)."""
+        for (key, value) in usage.items():
+            self.reported[key] = self.reported.get(key, 0) + value
+
+    def headers(self) -> list[tuple[str, str]]:
+        out = [(RESTORE_ROUNDS_HEADER, str(self.count))]
+        if self.usage:
+            out.append((RESTORE_USAGE_HEADER, json.dumps(self.usage, separators=(",", ":"))))
+        return out
+
+
+class Restores:
+    """Forwards chat-completions requests that offer the restore tool, and answers its rounds."""
+
+    def __init__(self, upstream: Upstream, sessions: Sessions, backend: Backend, limit: int) -> None:
+        self.upstream = upstream
+        self.sessions = sessions
+        self.backend = backend
+        self.limit = limit
+
+    async def forward(
+        self, request: Request, body: dict, session_id: str, on_answer: OnAnswer,
+        headers: Sequence[tuple[str, str]], rounds: Rounds,
+    ) -> Response:
+        """Forward `body` with the restore tool offered, answer the restore rounds the model asks
+        for, and return the one answer that is the agent's. Until the response starts, a client
+        that leaves cancels the upstream call."""
+        # The proxy reads every answer (and may withhold frames): it asks for it uncompressed.
+        sent = self.upstream.request_headers(request, identity=True)
+        url = self.upstream.url(request.url.path, request.url.query)
+        whole = self._stream if body.get("stream") else self._whole
+        return await self.upstream.watched(
+            request, lambda gone: whole(url, sent, body, session_id, on_answer, list(headers), rounds, gone),
+            f"client left during a restore round of session {session_id}",
+        )
+
+    def _request(self, url: str, sent: list, body: dict, offered: bool, rounds: Rounds) -> httpx.Request:
+        rounds.called()
+        payload = restore_loop.with_tool(body, offered)
+        payload["messages"] = list(body["messages"]) + rounds.messages
+        return httpx.Request("POST", url, headers=sent, content=json.dumps(payload, ensure_ascii=False).encode())
+
+    async def _answer_round(self, session_id: str, calls: restore_loop.AnswerCalls, rounds: Rounds) -> None:
+        """Answer each restore call from the store (a tool error when it cannot be: the model goes
+        on without it) and add the round to the next upstream request."""
+        contents: list[Any] = []
+        state = self.sessions.session(session_id)
+        async with state.lock:  # a restore writes its edge: one writer per session
+            for call in calls.restore_calls:
+                handle = ""
+                try:
+                    handle = restore_loop.handle_of(call)
+                    restored = await run_in_threadpool(self.backend.restore, session_id, handle)
+                    contents.append(field(restored, "message").get("content"))
+                except Exception as exc:  # noqa: BLE001 - the model gets the error as the tool's answer
+                    log.info("session %s: restore of %r refused: %s", session_id, handle, exc)
+                    contents.append(restore_loop.tool_error(handle, str(exc)))
+        rounds.messages.extend(restore_loop.round_messages(calls, contents))
+        rounds.count += 1
+
+    async def _whole(
+        self, url: str, sent: list, body: dict, session_id: str, on_answer: OnAnswer,
+        headers: list, rounds: Rounds, gone: asyncio.Future,
+    ) -> Response:
+        while True:
+            offered = rounds.count < self.limit
+            try:
+                response = await unless_gone(gone, self.upstream.client.send(self._request(url, sent, body, offered, rounds)))
+            except httpx.HTTPError as exc:
+                return self.upstream.failed(exc, CHAT, headers + rounds.headers())
+            answer = response.content  # decoded: the agent gets it without content-encoding
+            out_headers = self.upstream.response_headers(response, decoded=True)
+            (message, usage) = CHAT.answer(answer) if response.status_code == 200 else (None, {})
+            rounds.answered(usage)
+            calls = restore_loop.split_answer(message) if message else None
+            if calls is not None and offered and calls.restore_first:
+                await self._answer_round(session_id, calls, rounds)
+                with contextlib.suppress(ValueError, AttributeError):
+                    restore_loop.add_usage(rounds.usage, json.loads(answer).get("usage"))
+                continue
+            if calls is not None and calls.restore_calls:
+                answer = restore_loop.strip_restore_calls(answer) or answer
+                message = CHAT.answer(answer)[0]
+            task = on_answer(message, rounds.reported, rounds.extra_estimate) if response.status_code == 200 else None
+            plain = Response(answer, status_code=response.status_code, background=task)
+            plain.raw_headers = raw(out_headers + headers + rounds.headers()) + [(b"content-length", str(len(answer)).encode())]
+            return plain
+
+    async def _stream(
+        self, url: str, sent: list, body: dict, session_id: str, on_answer: OnAnswer,
+        headers: list, rounds: Rounds, gone: asyncio.Future,
+    ) -> Response:
+        seen = CHAT.reader()  # what the agent received, rebuilt: the answer the session stores
+        pending = Pending()
+        upstream = self.upstream
+
+        async def run() -> AsyncIterator[Any]:
+            # Yields the response's start (status, headers) once, right before its first bytes,
+            # or instead of it the whole error response.
+            started = False
+            while True:
+                offered = rounds.count < self.limit
+                try:
+                    response = await upstream.client.send(self._request(url, sent, body, offered, rounds), stream=True)
+                except httpx.HTTPError as exc:
+                    if not started:
+                        yield upstream.failed(exc, CHAT, headers + rounds.headers())
+                    else:
+                        yield upstream.stream_error(f"upstream {upstream.base} failed during a restore round: {exc}")
+                    return
+                out_headers = upstream.response_headers(response, decoded=True)
+                reader = restore_loop.StreamRound(may_restore=offered)
+                try:
+                    if response.status_code != 200:
+                        failed = await response.aread()
+                        if not started:
+                            yield (response.status_code, out_headers)
+                            yield failed
+                        else:
+                            yield upstream.stream_error(f"upstream answered {response.status_code} during a restore round: "
+                                                        f"{failed[:500].decode('utf-8', 'replace')}")
+                        return
+                    async for chunk in response.aiter_bytes():
+                        for frame in reader.feed(chunk):
+                            if not started:
+                                started = True
+                                yield (200, out_headers)
+                            seen.feed(frame)
+                            yield frame
+                    for frame in reader.close():
+                        if not started:
+                            started = True
+                            yield (200, out_headers)
+                        seen.feed(frame)
+                        yield frame
+                except httpx.HTTPError as exc:  # the upstream's answer ended early, or it fell silent
+                    if not started:
+                        yield upstream.failed(exc, CHAT, cut=True)
+                    else:
+                        log.warning("upstream %s answer ended early: %s", upstream.base, exc)
+                        yield upstream.stream_error(f"upstream {upstream.base} answer ended early: {exc}")
+                    return
+                finally:
+                    await response.aclose()
+                rounds.answered(chat_usage(reader.usage))
+                if reader.restore_round:
+                    await self._answer_round(session_id, reader.answer(), rounds)
+                    restore_loop.add_usage(rounds.usage, reader.usage)
+                    continue
+                if not started:
+                    yield (200, out_headers)
+                seen.feed(b"\n\n")
+                if seen.done:
+                    pending.add(on_answer(seen.answer(), rounds.reported, rounds.extra_estimate))
+                return
+
+        stream = run()
+        start = await unless_gone(gone, stream.__anext__())
+        if isinstance(start, Response):
+            return start
+        (status, out_headers) = start
+        return streaming(stream, status, out_headers + headers + rounds.headers(), pending)

@@ -1,0 +1,215 @@
+"""The proxy's per-session state: a session named by a header or derived from the conversation,
+its lock and request count, the answers it stored (within a memory bound), the encoding it counts
+with, the input estimate, and the ingestion of each answer once it is complete."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+import re
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Any
+
+from starlette.background import BackgroundTask
+from starlette.concurrency import run_in_threadpool
+
+from contextrender_adapters import core
+from contextrender_adapters.core import UnknownSession, cache_bytes_setting, content_text, get_tokenizer, normal_form, same_event
+from contextrender_adapters.proxy.interfaces import Backend
+
+__all__ = ["SessionState", "Sessions", "derive_session", "model_encoding"]
+
+log = logging.getLogger("contextrender.proxy")
+
+_DIGITS = re.compile(r"\d+")
+# The stored answers the proxy remembers, least recently used sessions forgotten first: this
+# share of CONTEXTRENDER_INDEX_CACHE_MB (the engine's indexes hold the rest; answers are small).
+STATE_SHARE = 16
+# A session's state without its answers (lock, counters, its table entry).
+STATE_BYTES = 600
+
+
+def derive_session(messages: list[dict]) -> str:
+    """The session of a conversation that names none: a hash of its stable prefix, the leading
+    system/developer messages (with every number blanked: agents put dates and times there) and
+    the first user message. Every later call of the same run sends the same prefix, so it maps to
+    the same session; two runs that start identically share one (send `X-ContextRender-Session`
+    to keep them apart)."""
+    prefix: list[list[str]] = []
+    for message in messages:
+        role = message.get("role") if isinstance(message, dict) else None
+        if role in ("system", "developer"):
+            prefix.append([role, _DIGITS.sub("#", content_text(message.get("content")))])
+            continue
+        if role == "user":
+            prefix.append([role, content_text(message.get("content"))])
+        break
+    digest = hashlib.sha256(json.dumps(prefix, ensure_ascii=False).encode()).hexdigest()
+    return f"proxy-{digest[:24]}"
+
+
+def model_encoding(model: str) -> str:
+    """The token encoding for a model family: Claude models get the `claude` estimate (o200k
+    scaled, see engine.measure.SCALED_ENCODINGS), GPT-4 and GPT-3.5 cl100k, others o200k."""
+    name = model.lower().rsplit("/", 1)[-1]
+    if "claude" in name:
+        return "claude"
+    if name == "gpt-4" or name.startswith(("gpt-4-", "gpt-3.5")):
+        return "cl100k_base"
+    return core.DEFAULT_ENCODING
+
+
+class SessionState:
+    def __init__(self) -> None:
+        self.lock = asyncio.Lock()
+        self.turn = 0
+        self.answers: dict[int, dict] = {}
+        # Bytes it holds (estimated: its answers as JSON, plus STATE_BYTES).
+        self.size = STATE_BYTES
+        # The encoding this process has checked the session counts with (None: not yet).
+        self.encoding: str | None = None
+        # What the format layer remembered of the last forwarded request (prompt cache placement).
+        self.previous: Any = None
+        # Token counts of the last system prompt and tool list seen (the input estimate).
+        self.counted: dict[str, tuple[str, int]] = {}
+        self.warned = False
+        # Whether its last request went upstream unmanaged (warned once until it is managed again).
+        self.unmanaged = False
+
+
+def _answer_bytes(message: dict) -> int:
+    return 2 * len(json.dumps(message, ensure_ascii=False)) + STATE_BYTES
+
+
+class Sessions:
+    """Every session's state, least recently used first: its lock, its request count, and the
+    answers the proxy stored, by their position in the message list; within `max_state_bytes`."""
+
+    def __init__(self, backend: Backend) -> None:
+        self.backend = backend
+        self._sessions: OrderedDict[str, SessionState] = OrderedDict()
+        self.max_state_bytes = cache_bytes_setting() // STATE_SHARE
+        self.state_bytes = 0
+
+    def session(self, session_id: str) -> SessionState:
+        """The session's state, marked as just used; the least recently used idle sessions are
+        forgotten while the states hold more than `max_state_bytes` (their answers then match by
+        normal form only, as the engine matches echoes)."""
+        state = self._sessions.get(session_id)
+        if state is None:
+            state = self._sessions[session_id] = SessionState()
+            self.state_bytes += state.size
+        self._sessions.move_to_end(session_id)
+        while self.state_bytes > self.max_state_bytes and len(self._sessions) > 1:
+            (oldest, old) = next(iter(self._sessions.items()))
+            if old.lock.locked() or old is state:
+                break  # in use: forget it later
+            del self._sessions[oldest]
+            self.state_bytes -= old.size
+        return state
+
+    def remember(self, state: SessionState, position: int, message: dict) -> None:
+        self.forget(state, [position])
+        state.answers[position] = message
+        size = _answer_bytes(message)
+        state.size += size
+        self.state_bytes += size
+
+    def forget(self, state: SessionState, positions: list[int]) -> None:
+        for position in positions:
+            if position in state.answers:
+                size = _answer_bytes(state.answers.pop(position))
+                state.size -= size
+                self.state_bytes -= size
+
+    def reconcile(self, session_id: str, messages: list) -> list:
+        """The message list as the session stores it: assistant messages in normal form, and
+        each answer the proxy stored in place of the agent's copy of it (agents rebuild answers
+        from streams or SDK objects: `content` "" for null, extra keys in tool calls). Without
+        this the engine, which compares exactly, would take every echoed answer for a rewrite."""
+        messages = [normal_form(m) for m in messages]
+        state = self.session(session_id)
+        stored = state.answers
+        for position in sorted(stored):
+            if position < len(messages) and same_event(stored[position], messages[position]):
+                messages[position] = stored[position]
+                continue
+            # History rewritten (or cut) here: the engine forks; later answers are on the old branch.
+            self.forget(state, [p for p in stored if p >= position])
+            break
+        return messages
+
+    def check_encoding(self, session_id: str, state: SessionState, encoding: str) -> None:
+        """Count a new session's tokens with its model family's encoding (once per session and
+        process). A session's own setting wins, and one that already holds events keeps the
+        encoding it was counted with (its stored counts would not match)."""
+        if state.encoding == encoding:
+            return
+        try:
+            info = self.backend.get_session(session_id)
+        except UnknownSession:
+            info = {"events": 0, "config": {}}
+        chosen = info["config"].get("encoding")
+        if chosen is None and info["events"] == 0 and encoding != core.DEFAULT_ENCODING:
+            self.backend.configure(session_id, encoding=encoding)
+        elif (chosen or core.DEFAULT_ENCODING) != encoding:
+            log.warning("session %s counts tokens with %s, not %s (its model's): set on an earlier request or by configure_session",
+                        session_id, chosen or core.DEFAULT_ENCODING, encoding)
+        state.encoding = encoding
+
+    def estimate(self, state: SessionState, encoding: str, result: Any, tools: Any) -> int:
+        """The whole input the upstream will count, estimated: system prompt, rendered history,
+        current message and tool definitions (the first and last cached per session: long and
+        mostly unchanged between calls)."""
+        tokenizer = get_tokenizer(encoding)
+        messages = list(result.messages)
+        lead = next((i for (i, m) in enumerate(messages) if m.get("role") not in ("system", "developer")), len(messages))
+        system = messages[:lead]
+        current = messages[-1:] if len(messages) > lead and messages[-1].get("role") == "user" else []
+
+        def cached(kind: str, value: Any, count: Callable[[], int]) -> int:
+            key = json.dumps(value, ensure_ascii=False, sort_keys=True)
+            if state.counted.get(kind, ("", 0))[0] != key:
+                state.counted[kind] = (key, count())
+            return state.counted[kind][1]
+
+        total = result.history_tokens + tokenizer.history_tokens(current)
+        total += cached("system", system, lambda: tokenizer.history_tokens(system))
+        if tools:
+            total += cached("tools", tools, lambda: tokenizer.count(json.dumps(tools, ensure_ascii=False)))
+        return total
+
+    def answered(self, session_id: str, turn: int, position: int, estimate: int) -> Callable[..., BackgroundTask | None]:
+        """What to do with the answer to the session's request number `turn` (its message at
+        `position`), once it is complete: remember it, and ingest it after the response."""
+        # `extra_estimate`: the estimated input of the request's restore rounds, whose usage the
+        # report includes.
+        def record(message: dict | None, usage: dict, extra_estimate: int = 0) -> BackgroundTask | None:
+            state = self.session(session_id)
+            if state.turn != turn:
+                message = None  # a later request of the session has been rendered meanwhile
+            if message is not None:
+                self.remember(state, position, message)
+            if usage:
+                usage = usage | {"estimated_input_tokens": estimate + extra_estimate}
+            if message is None and not usage:
+                return None
+            return BackgroundTask(self.ingest_answer, session_id, turn, message, usage)
+
+        return record
+
+    async def ingest_answer(self, session_id: str, turn: int, message: dict | None, usage: dict) -> None:
+        state = self.session(session_id)
+        async with state.lock:
+            # A next request of the session, rendered meanwhile, has ingested it with its own list.
+            messages = [message] if message is not None and state.turn == turn else []
+            if not messages and not usage:
+                return
+            options = {"usage": usage} if usage else {}
+            try:
+                await run_in_threadpool(self.backend.ingest, session_id, messages, append=True, **options)
+            except Exception as exc:  # noqa: BLE001 - an answer that cannot be stored must not break the agent
+                log.warning("session %s: the answer was not ingested: %s", session_id, exc)

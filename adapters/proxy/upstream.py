@@ -1,0 +1,175 @@
+"""Forwarding to the upstream, and its errors: the URL a path goes to, the headers forwarded and
+relayed (filtered here only), the upstream's failures as the agent sees them (504 after
+`upstream_timeout` seconds of silence, 502 when it fails or cuts a whole answer short), and the
+watch that cancels the upstream call when the client leaves."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+import httpx
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response
+from starlette.background import BackgroundTask
+
+from contextrender_adapters.proxy.interfaces import Format
+from contextrender_adapters.proxy.relay import passthrough, raw, relay
+from contextrender_adapters.streams import Decoder
+
+__all__ = ["DEFAULT_UPSTREAM_TIMEOUT", "ClientGone", "Upstream", "error", "unless_gone"]
+
+log = logging.getLogger("contextrender.proxy")
+
+# Seconds the upstream may stay silent (before its headers, or between two chunks) before a 504.
+DEFAULT_UPSTREAM_TIMEOUT = 600.0
+# ContextRender's own request headers: read by the proxy, never forwarded.
+OWN_HEADERS = "x-contextrender-"
+# Hop-by-hop headers (RFC 9110 7.6.1) and the ones the HTTP layer recomputes.
+_REQUEST_SKIP = {
+    "host", "content-length", "connection", "keep-alive", "transfer-encoding", "te", "trailer",
+    "upgrade", "proxy-authorization", "proxy-connection",
+}
+_RESPONSE_SKIP = {"content-length", "connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade"}
+
+
+def error(fmt: Format, status: int, message: str, kind: str, headers: Sequence[tuple[str, str]] = ()) -> JSONResponse:
+    """An error in the protocol's own shape."""
+    return JSONResponse(fmt.error(status, message, kind), status_code=status, headers=dict(headers))
+
+
+class ClientGone(Exception):
+    """The client disconnected while the proxy waited for the upstream."""
+
+
+async def _client_gone(request: Request) -> None:
+    """Returns when the client disconnects (its body is read: `receive` then waits for that)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def unless_gone(gone: asyncio.Future, work: Any) -> Any:
+    """`work`'s result, or ClientGone (with `work` cancelled: httpx closes its connection) if the
+    client leaves first."""
+    task = asyncio.ensure_future(work)
+    await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
+    if task.done():
+        return task.result()
+    task.cancel()
+    with contextlib.suppress(BaseException):
+        await task
+    raise ClientGone
+
+
+async def _read_all(response: httpx.Response) -> bytes:
+    return b"".join([chunk async for chunk in response.aiter_raw()])
+
+
+class Upstream:
+    """The upstream at `base` (a base URL, `/v1` included), called through `client` (set when the
+    app starts)."""
+
+    def __init__(self, base: str, timeout: float, client: httpx.AsyncClient | None = None) -> None:
+        self.base = base.rstrip("/")
+        self.timeout = timeout
+        self.client = client
+
+    def url(self, path: str, query: str) -> str:
+        rest = path[3:] if path == "/v1" or path.startswith("/v1/") else path
+        return self.base + rest + (f"?{query}" if query else "")
+
+    @staticmethod
+    def request_headers(request: Request, identity: bool = False) -> list[tuple[str, str]]:
+        """The agent's headers as forwarded: without hop-by-hop ones and ContextRender's own;
+        `identity`: asking for the answer uncompressed (the proxy reads it whole)."""
+        sent = [(k, v) for (k, v) in request.headers.items()
+                if k.lower() not in _REQUEST_SKIP and not k.lower().startswith(OWN_HEADERS)
+                and not (identity and k.lower() == "accept-encoding")]
+        return sent + [("accept-encoding", "identity")] if identity else sent
+
+    @staticmethod
+    def response_headers(response: httpx.Response, decoded: bool = False) -> list[tuple[str, str]]:
+        """The upstream's headers as relayed: without hop-by-hop ones (and without
+        content-encoding when the body relayed is `decoded`)."""
+        return [(k, v) for (k, v) in response.headers.multi_items()
+                if k.lower() not in _RESPONSE_SKIP and not (decoded and k.lower() == "content-encoding")]
+
+    def failed(self, exc: Exception, fmt: Format, headers: Sequence[tuple[str, str]] = (), cut: bool = False) -> Response:
+        """The answer to an upstream call that failed: 504 if it fell silent, else 502 (`cut`: it
+        closed a whole answer before the end; `headers` go with a 502 the upstream never
+        answered)."""
+        if isinstance(exc, httpx.TimeoutException):
+            log.warning("upstream %s timed out: %s", self.base, type(exc).__name__)
+            return error(fmt, 504, f"ContextRender proxy: upstream {self.base} sent nothing for {self.timeout:g} s "
+                                   "(--upstream-timeout)", "upstream_timeout")
+        if cut:
+            log.warning("upstream %s closed its answer early: %s", self.base, exc)
+            return error(fmt, 502, f"ContextRender proxy: upstream {self.base} closed its answer before the end: {exc}", "upstream_error")
+        log.warning("upstream %s unreachable: %s", self.base, exc)
+        return error(fmt, 502, f"ContextRender proxy: upstream {self.base} failed: {exc}", "upstream_error", headers)
+
+    @staticmethod
+    def stream_error(message: str) -> bytes:
+        """An error event inside a stream that has started (its status is sent): SDKs raise it."""
+        return b"data: " + json.dumps({"error": {"message": f"ContextRender proxy: {message}", "type": "upstream_error"}}).encode() + b"\n\n"
+
+    @staticmethod
+    async def watched(request: Request, work: Callable[[asyncio.Future], Awaitable[Response]], left: str) -> Response:
+        """`work(gone)`, where `gone` completes when the client leaves: then the upstream call is
+        cancelled, `left` logged, and the answer is 499."""
+        gone = asyncio.ensure_future(_client_gone(request))
+        try:
+            return await work(gone)
+        except ClientGone:
+            log.info("%s; upstream call cancelled", left)
+            return Response(status_code=499)
+        finally:
+            gone.cancel()
+
+    async def forward(
+        self, request: Request, body: bytes, fmt: Format,
+        on_answer: Callable[[dict | None, dict], BackgroundTask | None] | None = None,
+        headers: Sequence[tuple[str, str]] = (),
+    ) -> Response:
+        """The upstream's answer to `body`, with `headers` added; a complete answer goes to
+        `on_answer` (None: relayed without reading it). Until the answer streams, a client that
+        leaves cancels the upstream call (then StreamingResponse does: it cancels the relay)."""
+        return await self.watched(request, lambda gone: self._forward(request, body, fmt, on_answer, headers, gone),
+                                  f"client left before the upstream answered {request.url.path}")
+
+    async def _forward(
+        self, request: Request, body: bytes, fmt: Format,
+        on_answer: Callable[[dict | None, dict], BackgroundTask | None] | None,
+        headers: Sequence[tuple[str, str]], gone: asyncio.Future,
+    ) -> Response:
+        # A bare httpx.Request: the client's default headers (User-Agent, Accept-Encoding) would
+        # otherwise be added to what the agent sent.
+        upstream_request = httpx.Request(
+            request.method, self.url(request.url.path, request.url.query), headers=self.request_headers(request), content=body,
+        )
+        try:
+            response = await unless_gone(gone, self.client.send(upstream_request, stream=True))
+        except httpx.HTTPError as exc:
+            return self.failed(exc, fmt, headers)
+        out_headers = self.response_headers(response) + list(headers)
+        if on_answer is None:
+            return passthrough(response, out_headers)
+        if "text/event-stream" in response.headers.get("content-type", ""):
+            return relay(response, fmt, on_answer, out_headers, self.base)
+        try:
+            whole = await unless_gone(gone, _read_all(response))
+        except httpx.HTTPError as exc:
+            return self.failed(exc, fmt, cut=True)
+        finally:
+            await response.aclose()
+        task = None  # an answer in JSON: read whole to ingest it
+        decoder = Decoder(response.headers.get("content-encoding", ""))
+        if response.status_code == 200 and decoder.ok:
+            task = on_answer(*fmt.answer(decoder.feed(whole)))
+        plain = Response(whole, status_code=response.status_code, background=task)
+        plain.raw_headers = raw(out_headers) + [(b"content-length", str(len(whole)).encode())]
+        return plain

@@ -1,0 +1,231 @@
+"""The server's request guard (ASGI middleware): refused routes, the body limit and read
+timeout, the JSON checks, a walker body's unknown fields, one request at a time per session, and
+walker errors with their own statuses (`walker_errors.py`)."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import json
+import os
+import time
+from typing import Any
+
+from contextrender_adapters.locks import KeyedLocks
+from contextrender_adapters.walker_errors import map_walker_error
+
+__all__ = ["REFUSED_PREFIXES", "RequestGuard", "body_timeout", "json_problem", "max_body_bytes"]
+
+DEFAULT_MAX_BODY_MB = 32
+DEFAULT_BODY_TIMEOUT = 30.0
+# Sessions the per-session lock remembers as existing (the least recently used are forgotten).
+MAX_KNOWN_SESSIONS = 100_000
+# Route prefixes that are not ContextRender's: module functions, the client-app error log.
+REFUSED_PREFIXES = {"/function/": "ContextRender serves no /function routes; its endpoints are POST /walker/<name>",
+                    "/cl/": "ContextRender serves no client app"}
+
+
+def max_body_bytes() -> int:
+    return int(float(os.environ.get("CONTEXTRENDER_MAX_BODY_MB", DEFAULT_MAX_BODY_MB)) * 1024 * 1024)
+
+
+def body_timeout() -> float:
+    return float(os.environ.get("CONTEXTRENDER_BODY_TIMEOUT", DEFAULT_BODY_TIMEOUT))
+
+
+
+def json_problem(body: bytes) -> tuple[Any, str]:
+    """(the parsed body, why it is refused or ""): NaN/Infinity, lone UTF-16 surrogates (from
+    `\\udc80` escapes) or nesting deeper than the engine's MAX_DEPTH anywhere in the body, by the
+    engine's own rules for a message, so that no route (jac-scale's included) fails on them. A body
+    that is not JSON parses to None with no problem: the route answers it (FastAPI's 422)."""
+    from contextrender_adapters.core import MAX_DEPTH, InvalidRequest, check_message
+
+    try:
+        value = json.loads(body)
+    except RecursionError:
+        return None, f"the JSON body is nested more than {MAX_DEPTH} levels deep"
+    except ValueError:
+        return None, ""
+    try:
+        check_message("", value)
+    except InvalidRequest as err:
+        return None, str(err)
+    return value, ""
+
+
+def _json_response(status: int, code: str, message: str, close: bool = False) -> tuple[dict, bytes]:
+    body = json.dumps({"ok": False, "type": "error", "data": None, "error": {"code": code, "message": message}})
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    start = {"type": "http.response.start", "status": status, "headers": headers + ([(b"connection", b"close")] if close else [])}
+    return start, body.encode()
+
+
+class _Refused(Exception):
+    def __init__(self, status: int, code: str, message: str, close: bool = False) -> None:
+        super().__init__(message)
+        self.status, self.code, self.message, self.close = status, code, message, close
+
+
+class RequestGuard:
+    """ASGI middleware, inside jac-scale's CORS and login middleware (a request without a token
+    gets 401 before its fields are checked; every answer gets the CORS headers).
+
+    Every HTTP request: refused routes, the admin portal when it is off, the body limit and read
+    timeout, the JSON checks. `/walker/` requests also: unknown fields, the per-session lock and
+    the error statuses. `fields_of(name, caller)` gives a walker's request fields (None: not ours
+    to check, such as a walker that needs a login the request lacks: it answers 401 itself)."""
+
+    def __init__(self, app: Any, limit: int | None = None, fields_of: Any = None, admin: bool = False,
+                 timeout: float | None = None, root_writers: set[str] | frozenset = frozenset()) -> None:
+        self.app = app
+        self.limit = max_body_bytes() if limit is None else limit
+        self.timeout = body_timeout() if timeout is None else timeout
+        self.fields_of = fields_of or (lambda name, caller: None)
+        self.admin = admin
+        self.locks = KeyedLocks()  # by (user, session_id), and by (user,)
+        # Walkers that may add or remove a session under the caller's root, and the sessions
+        # (user, session_id) this process has answered, most recent last.
+        self.root_writers = root_writers
+        self.known: collections.OrderedDict = collections.OrderedDict()
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        path = scope["path"]
+        try:
+            self.check_route(path)
+            body = await self.read_body(scope, receive)
+            if body is None:
+                return  # the client left
+            parsed, problem = json_problem(body) if body else (None, "")
+            if problem:
+                raise _Refused(400, "INVALID_JSON", problem)
+            caller = (scope.get("state") or {}).get("username")
+            walker = path.removeprefix("/walker/") if path.startswith("/walker/") else None
+            if walker is not None:
+                unknown = self.unknown_fields(walker, caller, parsed)
+                if unknown:
+                    raise _Refused(400, "UNKNOWN_FIELD", unknown)
+        except _Refused as refused:
+            start, payload = _json_response(refused.status, refused.code, refused.message, refused.close)
+            await send(start)
+            await send({"type": "http.response.body", "body": payload})
+            return
+
+        replayed = False
+
+        async def replay() -> dict:
+            nonlocal replayed
+            if replayed:
+                return await receive()
+            replayed = True
+            return {"type": "http.request", "body": body, "more_body": False}
+
+        if walker is None:
+            await self.app(scope, replay, send)
+            return
+        session_id = parsed.get("session_id") if isinstance(parsed, dict) else None
+        if not (caller and isinstance(session_id, str)):
+            await self.app(scope, replay, self.mapped(send))
+            return
+        key = (caller, session_id)
+        answered: dict[str, int] = {}
+        async with self.locks.hold_async(key):
+            # A call that may create or delete a session changes the user's root, which jaclang
+            # commits optimistically: such calls on different sessions retry each other and can
+            # fail (a 500 after five attempts). They wait for each other, per user; calls on a
+            # session this process has seen answered do not.
+            if walker in self.root_writers and (walker == "delete_session" or key not in self.known):
+                async with self.locks.hold_async((caller,)):
+                    await self.app(scope, replay, self.mapped(send, answered))
+            else:
+                await self.app(scope, replay, self.mapped(send, answered))
+            if walker == "delete_session":
+                self.known.pop(key, None)
+            elif answered.get("status", 500) < 300:
+                self.known[key] = True
+                self.known.move_to_end(key)
+                while len(self.known) > MAX_KNOWN_SESSIONS:
+                    self.known.popitem(last=False)
+
+    def check_route(self, path: str) -> None:
+        if path == "/admin" or path.startswith("/admin/"):
+            if not self.admin:
+                raise _Refused(404, "NOT_FOUND", "the admin portal is off: set CONTEXTRENDER_ADMIN_PASSWORD to a strong password to turn it on")
+        for prefix, why in REFUSED_PREFIXES.items():
+            if path.startswith(prefix):
+                raise _Refused(404, "NOT_FOUND", why)
+        if path.startswith("/walker/") and "/" in path.removeprefix("/walker/").rstrip("/"):
+            # jac-scale's /walker/<name>/<node_id> spawns the walker on any node id, another user's
+            # included; every ContextRender walker starts at the caller's root.
+            raise _Refused(404, "NOT_FOUND", "walkers are not addressed to node ids: POST /walker/<name> with the session_id in the body")
+
+    async def read_body(self, scope: dict, receive: Any) -> bytes | None:
+        """The whole body (within the limit, declared or chunked) before the app reads it. A client
+        that pauses longer than the timeout mid-body, or takes ten times it overall, gets 408."""
+        too_large = (f"request body exceeds {self.limit} bytes; send fewer messages per call "
+                     "(append=true takes only new events) or raise CONTEXTRENDER_MAX_BODY_MB")
+        declared = dict(scope.get("headers") or []).get(b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.limit:
+            raise _Refused(413, "BODY_TOO_LARGE", too_large)
+        body = bytearray()
+        deadline = time.monotonic() + 10 * self.timeout
+        while True:
+            wait = min(self.timeout, deadline - time.monotonic())
+            try:
+                message = await asyncio.wait_for(receive(), timeout=max(wait, 0.0))
+            except TimeoutError:
+                raise _Refused(408, "BODY_TIMEOUT", f"the request body did not arrive within {self.timeout:g} s of silence "
+                               f"({10 * self.timeout:g} s in all); send it whole (CONTEXTRENDER_BODY_TIMEOUT)", close=True) from None
+            if message["type"] == "http.disconnect":
+                return None
+            body += message.get("body", b"")
+            if len(body) > self.limit:
+                raise _Refused(413, "BODY_TOO_LARGE", too_large, close=True)
+            if not message.get("more_body"):
+                return bytes(body)
+
+    def mapped(self, send: Any, answered: dict | None = None) -> Any:
+        """`send` with jac-scale's 500 for a walker error replaced by the error's own status (the
+        status sent goes in `answered`)."""
+        state: dict[str, Any] = {}
+        answered = {} if answered is None else answered
+
+        async def mapped_send(message: dict) -> None:
+            if message["type"] == "http.response.start":
+                answered["status"] = message["status"]
+            if message["type"] == "http.response.start" and message["status"] == 500:
+                state["start"], state["chunks"] = message, []
+                return
+            if "start" not in state:
+                await send(message)
+                return
+            state["chunks"].append(message.get("body", b""))
+            if message.get("more_body"):
+                return
+            raw = b"".join(state["chunks"])
+            try:
+                status, envelope = map_walker_error(json.loads(raw))
+                raw = json.dumps(envelope).encode()
+            except (ValueError, AttributeError):
+                status = 500
+            answered["status"] = status
+            start = dict(state["start"], status=status)
+            start["headers"] = [(k, v) for (k, v) in start["headers"] if k.lower() != b"content-length"]
+            start["headers"].append((b"content-length", str(len(raw)).encode()))
+            await send(start)
+            await send({"type": "http.response.body", "body": raw})
+
+        return mapped_send
+
+    def unknown_fields(self, walker: str, caller: str | None, body: Any) -> str:
+        """What to fix when the body names fields the walker does not have ("" when none)."""
+        fields = self.fields_of(walker, caller)
+        if fields is None or not isinstance(body, dict):
+            return ""  # not JSON, or not an object: FastAPI answers 422
+        unknown = sorted(set(body) - fields)
+        if not unknown:
+            return ""
+        return f"{walker} has no field {', '.join(map(repr, unknown))}; its fields: {', '.join(sorted(fields))}"
