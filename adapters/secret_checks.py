@@ -26,6 +26,20 @@ MIN_ADMIN_PASSWORD_DISTINCT = 8
 WEAK_PASSWORDS = {"changeme", "adminpassword123", "admin", "password", "administrator", "secret"}
 
 
+def estimated_bits(value: str) -> float:
+    """The entropy `value` shows: the Shannon entropy of its characters, counted over its shortest
+    repeating unit only (a pattern repeated adds nothing) and without the characters that continue a
+    run of four or more at one step (`abcdefghij`, `97531`). 48 random url-safe bytes score ~350."""
+    period = next(p for p in range(1, len(value) + 1) if all(value[i] == value[i - p] for i in range(p, len(value))))
+    unit = value[:period]
+    # continues[i]: character i is one step on from i-1 by the step that led from i-2 to i-1.
+    continues = [i >= 2 and ord(unit[i]) - ord(unit[i - 1]) == ord(unit[i - 1]) - ord(unit[i - 2]) for i in range(len(unit))]
+    free = [c for i, c in enumerate(unit)
+            if not (continues[i] and ((i + 1 < len(unit) and continues[i + 1]) or continues[i - 1]))]
+    counts = collections.Counter(free)
+    return -len(free) * sum(n / len(free) * math.log2(n / len(free)) for n in counts.values())
+
+
 def strength_problem(value: str, min_length: int, min_bits: float, min_distinct: int) -> str:
     """Why `value` is too weak to be a secret ("" when it is not): too short, too few distinct
     characters, or too little estimated entropy (a repeated pattern)."""
@@ -34,7 +48,7 @@ def strength_problem(value: str, min_length: int, min_bits: float, min_distinct:
     counts = collections.Counter(value)
     if len(counts) < min_distinct:
         return f"has only {len(counts)} distinct characters (at least {min_distinct} needed)"
-    bits = -len(value) * sum(n / len(value) * math.log2(n / len(value)) for n in counts.values())
+    bits = estimated_bits(value)
     if bits < min_bits:
         return f"has about {bits:.0f} bits of entropy (at least {min_bits} needed: use random characters)"
     return ""

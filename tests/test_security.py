@@ -132,6 +132,10 @@ def test_weak_secrets_are_refused(monkeypatch):
     assert strength_problem("a" * 32, 32, 96, 10)
     assert strength_problem("ab" * 16, 32, 96, 10)
     assert strength_problem("password" * 4, 32, 96, 10)
+    # Ten distinct characters, 133 bits by character counts alone: a repeated run, not a secret.
+    assert strength_problem("abcdefghij" * 4, 32, 96, 10)
+    assert strength_problem("0123456789abcdefghijklmnopqrstuvwxyz", 32, 96, 10)
+    assert strength_problem("q3" + "abcdefghij" * 4, 32, 96, 10)
     assert not strength_problem("x7Qp2vLmN9sK4tRwZ8cYb3HjF6gD1aE5", 32, 96, 10)
     assert not strength_problem(uuid.uuid4().hex + uuid.uuid4().hex, 32, 96, 10)
     with pytest.raises(SystemExit, match="distinct characters"):
