@@ -75,9 +75,11 @@ ENDPOINTS: dict[str, Endpoint] = {
     e.walker: e
     for e in (
         Endpoint("walkers.ingest", "ingest_events", "ingest",
-                 "session_id: str, messages: list[dict], *, append: bool = False, usage: dict = {}",
+                 "session_id: str, messages: list[dict], *, append: bool = False, at: int = -1, usage: dict = {}",
                  """Add the unseen events of `messages` (the whole list so far, or only new ones with
-        `append=True`) to the session, creating it on first use. `usage`: one model call's
+        `append=True`) to the session, creating it on first use. With `append`, `at` >= 0 places
+        them after the first `at` events of the live chain (an answer to a resent earlier turn),
+        compared with what is stored there as a whole list would be. `usage`: one model call's
         reported token counts (walkers.ingest USAGE_KEYS), added to the session's totals.
         Reports an IngestSummary."""),
         Endpoint("walkers.render", "render_context", "render",

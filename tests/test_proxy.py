@@ -436,3 +436,58 @@ def test_an_in_process_engine_is_warmed_up_before_the_first_request(engine, upst
         assert warmed == [True]
         assert gc.get_freeze_count() > 0
     gc.unfreeze()
+
+
+class IngestSpy:
+    """The engine, counting the answers the proxy ingests after its responses."""
+
+    def __init__(self, engine):
+        self.engine, self.answers = engine, 0
+
+    def ingest(self, session_id, messages, **options):
+        summary = self.engine.ingest(session_id, messages, **options)
+        self.answers += bool(messages)
+        return summary
+
+    def __getattr__(self, name):  # render, get_session, configure
+        return getattr(self.engine, name)
+
+
+def test_a_retried_turn_does_not_fork_and_its_answer_follows_its_own_request(engine, upstream):
+    spy = IngestSpy(engine)
+    first = conversation(results=2, words=10)[:-1]  # ends with a tool result
+
+    def answered(count: int) -> None:
+        deadline = time.monotonic() + 10
+        while spy.answers < count:
+            assert time.monotonic() < deadline, f"only {spy.answers} answers ingested"
+            time.sleep(0.02)
+
+    with LoopbackServer(create_app(spy, upstream.base_url, BUDGET)) as server:
+        def post(messages):
+            body = {"model": "m", "messages": messages}
+            response = httpx.post(f"{server.url}/v1/chat/completions", json=body, headers={SESSION_HEADER: "retry"})
+            assert response.status_code == 200
+            return response.json()["choices"][0]["message"]["content"]
+
+        upstream.enqueue(content="First answer.")
+        post(first)
+        second = first + [assistant("First answer."), user("And the other file?")]
+        upstream.enqueue(content="Second answer.")
+        post(second)
+        answered(2)
+        stored = engine.get_session("retry")
+        assert (stored["events"], stored["branch"]) == (len(second), 0)  # system apart, answer in
+        # The client retries its first request and the model answers as before: nothing changes.
+        upstream.enqueue(content="First answer.")
+        post(first)
+        answered(3)
+        assert (engine.get_session("retry")["events"], engine.get_session("retry")["branch"]) == (len(second), 0)
+        # Retried again, answered otherwise: a real rewrite, forked right after the request it answers.
+        upstream.enqueue(content="Another first answer.")
+        post(first)
+        answered(4)
+        now = engine.get_session("retry")
+        assert (now["events"], now["branch"]) == (len(first), 1)
+        rendered = engine.render("retry", [], budget=BUDGET * 10)
+        assert rendered.messages[-1]["content"] == "Another first answer."

@@ -22,7 +22,7 @@ from contextrender_adapters.core import InvalidRequest
 from contextrender_adapters.proxy.chat import CHAT
 from contextrender_adapters.proxy.interfaces import Backend, Format, field
 from contextrender_adapters.proxy.restores import DEFAULT_RESTORE_ROUNDS, Restores, Rounds
-from contextrender_adapters.proxy.sessions import Sessions, derive_session, model_encoding
+from contextrender_adapters.proxy.sessions import Sessions, chain_events, derive_session, model_encoding
 from contextrender_adapters.proxy.upstream import DEFAULT_UPSTREAM_TIMEOUT, Upstream, error
 
 __all__ = ["BUDGET_HEADER", "DEFAULT_SELECTOR", "SELECTOR_HEADER", "SESSION_HEADER", "STATUS_HEADER", "UNMANAGED_HEADER",
@@ -152,7 +152,7 @@ class _Proxy:
             out = json.dumps(out_body, ensure_ascii=False).encode()
         except RecursionError:
             return error(fmt, 400, _TOO_DEEP, "invalid_request_error")
-        on_answer = self.sessions.answered(session_id, turn, len(messages), estimate)
+        on_answer = self.sessions.answered(session_id, turn, len(messages), estimate, chain_events(prepared))
         headers = [(STATUS_HEADER, "managed")] + _summary_headers(session_id, result)
         if fmt is CHAT and self.restore_rounds and restore_loop.offers_tool(out_body, field(result, "omitted"), field(result, "compacted")):
             rounds = Rounds(estimate, state.encoding or encoding)

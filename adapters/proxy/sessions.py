@@ -32,6 +32,13 @@ STATE_SHARE = 16
 STATE_BYTES = 600
 
 
+def chain_events(messages: list[dict]) -> int:
+    """How many events of `messages` the engine chains: all but the leading system (or
+    developer) messages, which it keeps as the system prompt."""
+    lead = next((i for i, m in enumerate(messages) if not (isinstance(m, dict) and m.get("role") in ("system", "developer"))), len(messages))
+    return len(messages) - lead
+
+
 def derive_session(messages: list[dict]) -> str:
     """The session of a conversation that names none: a hash of its stable prefix, the leading
     system/developer messages (with every number blanked: agents put dates and times there) and
@@ -182,9 +189,10 @@ class Sessions:
             total += cached("tools", tools, lambda: tokenizer.count(json.dumps(tools, ensure_ascii=False)))
         return total
 
-    def answered(self, session_id: str, turn: int, position: int, estimate: int) -> Callable[..., BackgroundTask | None]:
+    def answered(self, session_id: str, turn: int, position: int, estimate: int, at: int) -> Callable[..., BackgroundTask | None]:
         """What to do with the answer to the session's request number `turn` (its message at
-        `position`), once it is complete: remember it, and ingest it after the response."""
+        `position` of the list, after `at` events of the chain), once it is complete: remember it,
+        and ingest it after the response."""
         # `extra_estimate`: the estimated input of the request's restore rounds, whose usage the
         # report includes.
         def record(message: dict | None, usage: dict, extra_estimate: int = 0) -> BackgroundTask | None:
@@ -197,18 +205,20 @@ class Sessions:
                 usage = usage | {"estimated_input_tokens": estimate + extra_estimate}
             if message is None and not usage:
                 return None
-            return BackgroundTask(self.ingest_answer, session_id, turn, message, usage)
+            return BackgroundTask(self.ingest_answer, session_id, turn, message, usage, at)
 
         return record
 
-    async def ingest_answer(self, session_id: str, turn: int, message: dict | None, usage: dict) -> None:
+    async def ingest_answer(self, session_id: str, turn: int, message: dict | None, usage: dict, at: int = -1) -> None:
         state = self.session(session_id)
         async with state.lock:
             # A next request of the session, rendered meanwhile, has ingested it with its own list.
             messages = [message] if message is not None and state.turn == turn else []
             if not messages and not usage:
                 return
-            options = {"usage": usage} if usage else {}
+            # Placed after the events its request sent: a resent earlier turn's answer does not land
+            # after the later events the session holds (the engine forks there if it differs).
+            options = ({"usage": usage} if usage else {}) | ({"at": at} if messages else {})
             try:
                 await run_in_threadpool(self.backend.ingest, session_id, messages, append=True, **options)
             except Exception as exc:  # noqa: BLE001 - an answer that cannot be stored must not break the agent

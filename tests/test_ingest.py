@@ -1,0 +1,95 @@
+"""Ingestion (walkers/ingest.jac): a resent earlier turn is recognised, a real rewrite forks, and an
+answer placed after a position is compared with what the chain holds there."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from contextrender_adapters import InvalidRequest
+from contextrender_adapters.checks import pairing_problems
+from tests.conftest import assistant, call, tool, user
+
+SYSTEM = {"role": "system", "content": "You answer order questions."}
+
+
+def run(results: int) -> list[dict]:
+    """System, a user question, `results` lookups each answered, and a closing answer."""
+    messages = [SYSTEM, user("Where are my orders?")]
+    for i in range(results):
+        messages.append(assistant(None, call(f"c{i}", "lookup", {"order": f"ORD-{1000 + i}"})))
+        messages.append(tool(f"c{i}", f"order ORD-{1000 + i} for buyer{i}@example.com: shipped to depot {i} " * 12))
+    messages.append(assistant("All shipped."))
+    return messages
+
+
+def shape(engine, session_id: str) -> tuple[int, int, int]:
+    """(graph nodes, Superseded edges, the session's branch): what a fork or a duplicate would grow."""
+    graph = engine.export_graph(session_id)
+    superseded = sum(1 for edge in graph["edges"] if edge["kind"] == "Superseded")
+    return len(graph["nodes"]), superseded, engine.get_session(session_id)["branch"]
+
+
+def test_a_resent_earlier_turn_writes_nothing_and_renders_that_turn(engine):
+    messages = run(10)
+    engine.render("s", messages, budget=400)
+    before = shape(engine, "s")
+    assert before[1:] == (0, 0)
+    summary = engine.ingest("s", messages[:12])
+    assert (summary.forked_at, summary.resent, summary.added) == (-1, 11, 0)
+    assert shape(engine, "s") == before
+    # The render of a resend shows that turn: it ends where the resent list ends, within B.
+    rendered = engine.render("s", messages[:12], budget=400)
+    assert rendered.messages[-1] == messages[11] and rendered.history_tokens <= 400
+    assert pairing_problems(rendered.messages) == []
+    assert all(m.get("content") != "All shipped." for m in rendered.messages)
+    assert shape(engine, "s") == before and engine.get_session("s")["events"] == len(messages) - 1
+    # The whole list again renders the whole chain.
+    assert engine.render("s", messages, budget=400).messages[-1]["content"] == "All shipped."
+
+
+def test_a_rewrite_still_forks(engine):
+    messages = run(4)
+    engine.ingest("s", messages)
+    rewritten = messages[:5] + [assistant("Let me check something else.")]
+    summary = engine.ingest("s", rewritten)
+    assert (summary.forked_at, summary.resent) == (4, -1)
+    assert shape(engine, "s")[1:] == (1, 1)
+
+
+def test_an_answer_placed_after_a_position_is_compared_with_the_chain_there(engine):
+    messages = run(4)
+    engine.ingest("s", messages)
+    before = shape(engine, "s")
+    # The stored answer to the first lookup, sent again after the 3 events before it: nothing new.
+    same = engine.ingest("s", [messages[4]], append=True, at=3)
+    assert (same.added, same.forked_at, same.resent) == (0, -1, 4)
+    assert shape(engine, "s") == before
+    # Another answer there: the chain forks at that position and the answer follows event 3.
+    other = engine.ingest("s", [assistant("No lookup needed.")], append=True, at=3)
+    assert (other.added, other.forked_at, other.events) == (1, 3, 4)
+    assert engine.get_session("s")["branch"] == 1
+
+
+def test_at_past_the_chain_is_refused(engine):
+    engine.ingest("s", run(1))
+    with pytest.raises(InvalidRequest, match="at=9"):
+        engine.ingest("s", [user("hi")], append=True, at=9)
+
+
+def test_writers_sending_one_growing_list_out_of_order_leave_one_chain(engine):
+    messages = run(20)
+    # Lengths that end on a whole round (a tool result) or the closing answer, in a shuffled order,
+    # as writers that each hold a copy of the list at another moment would send them.
+    lengths = [2 + 2 * k for k in range(1, 21)] + [len(messages)]
+    order = lengths[:]
+    random.Random(7).shuffle(order)
+    for length in order:
+        engine.ingest("s", messages[:length])
+    nodes, superseded, branch = shape(engine, "s")
+    assert (superseded, branch) == (0, 0)
+    assert engine.get_session("s")["tool_results"] == 20
+    results = [n for n in engine.export_graph("s")["nodes"] if n["kind"] == "ToolResult"]
+    assert len(results) == 20
+    assert engine.get_session("s")["events"] == len(messages) - 1
