@@ -53,12 +53,16 @@ def derive_session(messages: list[dict]) -> str:
 
 def named_session(value: bytes) -> tuple[str, str]:
     """The session a header names, from the value's bytes as sent: its storage key, and its name
-    for display (decoded as UTF-8, undecodable bytes replaced). The key is the name itself when
-    that is a valid session id (engine.validate: at most 256 printable characters); else (longer,
-    a tab or another control character, bytes that are not UTF-8) a digest of the bytes, so any
-    name the agent sends is managed, and two different names never share a key."""
-    name = value.decode("utf-8", "replace")
-    if name.encode("utf-8") == value:
+    for display. The name is the bytes decoded as UTF-8 (bytes that are not UTF-8 read as
+    Latin-1, the one other encoding HTTP headers have had). The key is the name itself when the
+    bytes are UTF-8 and the name is a valid session id (engine.validate: at most 256 printable
+    characters); else (longer, a tab or another control character, bytes that are not UTF-8) a
+    digest of the bytes: any name the agent sends is managed, and two names never share a key."""
+    try:
+        name = value.decode("utf-8")
+    except UnicodeDecodeError:
+        name = value.decode("latin-1")
+    else:
         try:
             core.check_session_id(name)
             return name, name
