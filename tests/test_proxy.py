@@ -378,8 +378,12 @@ def test_unreachable_upstream_is_a_502(engine):
     app = create_app(engine, f"http://127.0.0.1:{free_port()}/v1", BUDGET)
     with LoopbackServer(app) as server:
         response = httpx.post(f"{server.url}/v1/chat/completions", json={"model": "m", "messages": conversation(1, 5)})
-    assert response.status_code == 502
+        # The error answer carries the render's headers, a name beyond Latin-1 included (UTF-8).
+        named = httpx.post(f"{server.url}/v1/chat/completions", json={"model": "m", "messages": conversation(1, 5)},
+                           headers={SESSION_HEADER: "\u4f1a\u8bdd-502".encode()})
+    assert response.status_code == 502 == named.status_code
     assert "upstream" in response.json()["error"]["message"]
+    assert named.headers["x-contextrender-session"] == "\u4f1a\u8bdd-502"
 
 
 def test_the_command_runs_the_engine_in_process(tmp_path, upstream):

@@ -45,6 +45,11 @@ DEFAULT_SELECTOR = "contextrender"
 _TOO_DEEP = "ContextRender proxy: the JSON body is nested too deeply"
 
 
+def _header(request: Request, name: str) -> str:
+    """A request header's value read as UTF-8 (Starlette reads the bytes as Latin-1)."""
+    return request.headers[name].encode("latin-1").decode("utf-8", "replace")
+
+
 def session_of(request: Request, messages: list[dict]) -> tuple[str, str]:
     """The session of a request, its key and its name: the one `X-ContextRender-Session` names
     (its bytes read as UTF-8; `named_session` says which key), else one derived from the
@@ -96,12 +101,12 @@ class _Proxy:
 
         budget, selector = self.budget, self.selector
         if BUDGET_HEADER in request.headers:
-            value = request.headers[BUDGET_HEADER].strip()
+            value = _header(request, BUDGET_HEADER).strip()
             if not value.isdigit() or int(value) < MIN_BUDGET:
                 raise InvalidRequest(f"X-ContextRender-Budget must be a whole number of tokens >= {MIN_BUDGET} (got {value!r})")
             budget = int(value)
         if SELECTOR_HEADER in request.headers:
-            selector = request.headers[SELECTOR_HEADER].strip()
+            selector = _header(request, SELECTOR_HEADER).strip()
             try:
                 render_settings({"selector": selector})
             except InvalidRequest as exc:
