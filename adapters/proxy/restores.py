@@ -20,9 +20,9 @@ from starlette.concurrency import run_in_threadpool
 
 from contextrender_adapters import restore_loop
 from contextrender_adapters.core import get_tokenizer
+from contextrender_adapters.formats import EventReader
 from contextrender_adapters.proxy.chat import CHAT, chat_usage
 from contextrender_adapters.proxy.interfaces import Backend, field
-from contextrender_adapters.formats import EventReader
 from contextrender_adapters.proxy.relay import Pending, cut_message, raw, streaming
 from contextrender_adapters.proxy.sessions import Sessions
 from contextrender_adapters.proxy.upstream import Upstream, error, unless_gone
