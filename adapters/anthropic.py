@@ -375,5 +375,10 @@ class _Messages:
             kind = "invalid_request_error"
         return {"type": "error", "error": {"type": kind, "message": message}}
 
+    def stream_error(self, message: str) -> bytes:
+        # The event Anthropic sends when a stream fails midway (the SDK raises on `event: error`).
+        data = {"type": "error", "error": {"type": "api_error", "message": f"ContextRender proxy: {message}"}}
+        return b"event: error\ndata: " + json.dumps(data, ensure_ascii=False).encode() + b"\n\n"
+
 
 FORMAT = _Messages()

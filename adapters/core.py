@@ -37,7 +37,7 @@ _FROM: dict[str, tuple[str, ...]] = {
     # The memory setting the proxy bounds its own per-session state by.
     "engine.index": ("cache_bytes_setting",),
     # The request rules the server also applies to every JSON body (adapters/server.py).
-    "engine.validate": ("MAX_DEPTH", "check_message"),
+    "engine.validate": ("MAX_DEPTH", "check_message", "check_session_id"),
 }
 
 # The endpoint walkers, each from the module its row in adapters/endpoints.py names.

@@ -260,5 +260,13 @@ class _Responses:
     def error(self, status: int, message: str, kind: str) -> dict:
         return {"error": {"message": message, "type": kind, "param": None, "code": status}}
 
+    def stream_error(self, message: str) -> bytes:
+        # The Responses `error` event (openai-agents raises on it), with an `error` object too:
+        # the openai SDK raises APIError on that.
+        text = f"ContextRender proxy: {message}"
+        data = {"type": "error", "code": "upstream_error", "message": text, "param": None,
+                "error": {"message": text, "type": "upstream_error"}}
+        return b"event: error\ndata: " + json.dumps(data, ensure_ascii=False).encode() + b"\n\n"
+
 
 FORMAT = _Responses()

@@ -14,7 +14,9 @@ import pytest
 from contextrender_adapters import UnknownSession
 from contextrender_adapters.checks import pairing_problems
 from contextrender_adapters.fakeupstream import FakeUpstream, LoopbackServer, free_port
-from contextrender_adapters.proxy import BUDGET_HEADER, SELECTOR_HEADER, SESSION_HEADER, create_app, derive_session
+from contextrender_adapters.proxy import (
+    BUDGET_HEADER, SELECTOR_HEADER, SESSION_HEADER, SESSION_NAME_HEADER, UNMANAGED_HEADER, create_app, derive_session, named_session,
+)
 from engine.measure import get_tokenizer
 from engine.notices import restore_tool
 from tests.conftest import assistant, call, tool, user
@@ -208,6 +210,53 @@ def test_session_comes_from_the_header_or_the_stable_prefix(engine, upstream, pr
     assert engine.ingest("named", other).added == 0
 
 
+# Session header values the engine cannot store as they stand: longer than 256 characters, a tab,
+# bytes that are not UTF-8 (a client that sent Latin-1), and the name shown for each.
+AWKWARD_NAMES = [
+    pytest.param(b"agent-" + b"x" * 300, "agent-" + "x" * 300, id="over-256"),
+    pytest.param(b"my\tsession", "my\tsession", id="tab"),
+    pytest.param("sesi\u00f3n-\u00fc".encode("latin-1"), "sesi\u00f3n-\u00fc", id="latin-1-bytes"),
+]
+
+
+@pytest.mark.parametrize(("sent", "name"), AWKWARD_NAMES)
+def test_any_session_header_is_managed_and_keeps_its_name(engine, upstream, proxy, sent, name):
+    """A session header that is not a valid session id as it stands is stored under a digest of
+    it, managed like any other, and shown with the name as sent."""
+    messages = [SYSTEM, user("Say hello."), assistant("Hello."), user("Again.")]
+    with proxy() as server:
+        first = httpx.post(f"{server.url}/v1/chat/completions", json={"model": "m", "messages": messages},
+                           headers={SESSION_HEADER: sent})
+        again = httpx.post(f"{server.url}/v1/chat/completions", json={"model": "m", "messages": messages + [assistant("ok"), user("go")]},
+                           headers={SESSION_HEADER: sent})
+    key = first.headers["x-contextrender-session"]
+    for response in (first, again):
+        assert response.status_code == 200
+        assert response.headers["x-contextrender-status"] == "managed" and UNMANAGED_HEADER not in response.headers
+        assert response.headers["x-contextrender-session"] == key == named_session(sent)[0]
+        assert response.headers.raw[[k for (k, _) in response.headers.raw].index(SESSION_NAME_HEADER.encode())][1] == name.encode()
+    assert key.startswith("proxy-named-") and named_session(sent) == (key, name)
+    wait_for_events(engine, key, len(messages) + 2)
+    assert [s["session_id"] for s in engine.list_sessions()] == [key]  # one session: the second request found it
+    # Two names never share a key.
+    assert named_session(sent + b"2")[0] != key
+
+
+def test_non_ascii_session_names_are_stored_as_sent(engine, upstream, proxy):
+    """A UTF-8 session name is the session id itself, not its Latin-1 reading (`sesiÃ³n-Ã¼`)."""
+    messages = [SYSTEM, user("Hola."), assistant("Hola."), user("Otra vez.")]
+    names = ["sesi\u00f3n-\u00fc", "\u4f1a\u8bdd-1"]
+    with proxy() as server:
+        for name in names:
+            response = httpx.post(f"{server.url}/v1/chat/completions", json={"model": "m", "messages": messages},
+                                  headers={SESSION_HEADER: name.encode()})
+            assert response.status_code == 200 and response.headers["x-contextrender-status"] == "managed"
+            assert response.headers["x-contextrender-session"] == name and SESSION_NAME_HEADER not in response.headers
+            wait_for_events(engine, name, len(messages))
+    assert sorted(s["session_id"] for s in engine.list_sessions()) == sorted(names)
+    assert engine.ingest(names[0], messages).added == 0
+
+
 def test_engine_failure_forwards_the_original_request_unless_fail_closed(engine, upstream, proxy):
     # A tool message answering a call nobody made: the engine rejects it.
     broken = [SYSTEM, user("hi"), tool("call_missing", "orphan"), user("go")]
@@ -329,8 +378,12 @@ def test_unreachable_upstream_is_a_502(engine):
     app = create_app(engine, f"http://127.0.0.1:{free_port()}/v1", BUDGET)
     with LoopbackServer(app) as server:
         response = httpx.post(f"{server.url}/v1/chat/completions", json={"model": "m", "messages": conversation(1, 5)})
-    assert response.status_code == 502
+        # The error answer carries the render's headers, a name beyond Latin-1 included (UTF-8).
+        named = httpx.post(f"{server.url}/v1/chat/completions", json={"model": "m", "messages": conversation(1, 5)},
+                           headers={SESSION_HEADER: "\u4f1a\u8bdd-502".encode()})
+    assert response.status_code == 502 == named.status_code
     assert "upstream" in response.json()["error"]["message"]
+    assert named.headers["x-contextrender-session"] == "\u4f1a\u8bdd-502"
 
 
 def test_the_command_runs_the_engine_in_process(tmp_path, upstream):
@@ -380,6 +433,26 @@ def test_proxy_with_a_server_backend(jac_server, upstream):
     info = client.get_session("via-server", include_messages=True)
     assert info["messages"][-1] == {"role": "assistant", "content": "Found it."}
     assert info["usage"]["requests"] == 1 and info["usage"]["input_tokens"] == 1  # the upstream's report, through the server
+
+
+def test_a_non_ascii_session_name_round_trips_through_a_server_backend(jac_server, upstream):
+    """`--server`: the name reaches the server as sent (UTF-8 in the JSON body) and comes back so."""
+    from contextrender_adapters.client import Client
+
+    client = Client(jac_server.url)
+    client.register("proxy-utf8-user", "secret-password-1")
+    messages = [SYSTEM, user("Hola."), assistant("Hola."), user("Otra vez.")]
+    name = "sesi\u00f3n-\u00fc"
+    with LoopbackServer(create_app(client, upstream.base_url, BUDGET)) as server:
+        response = httpx.post(f"{server.url}/v1/chat/completions", json={"model": "m", "messages": messages},
+                              headers={SESSION_HEADER: name.encode()})
+    assert response.status_code == 200 and response.headers["x-contextrender-status"] == "managed"
+    assert response.headers["x-contextrender-session"] == name
+    deadline = time.monotonic() + 10
+    while client.get_session(name)["events"] < len(messages):
+        assert time.monotonic() < deadline, "the session was never stored under its name"
+        time.sleep(0.05)
+    assert [s["session_id"] for s in client.list_sessions()] == [name]
 
 
 def test_the_command_refuses_an_unknown_selector_before_serving(tmp_path):

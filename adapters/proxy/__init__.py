@@ -10,8 +10,9 @@ Three protocols are managed, each by a format layer that converts its request to
 message normal form (OpenAI chat-completions messages) and the rendered history back:
 `POST /v1/chat/completions` (`chat.py`), `POST /v1/messages` (Anthropic, `adapters/anthropic.py`) and
 `POST /v1/responses` (OpenAI Responses, `adapters/responses.py`). For each, the proxy
-1. names the session: the `X-ContextRender-Session` header, else a hash of the conversation's
-   stable prefix (`derive_session`);
+1. names the session: the `X-ContextRender-Session` header (its bytes read as UTF-8; any value is
+   managed: one that is not a valid session id as it stands is stored under a digest of it,
+   `named_session`), else a hash of the conversation's stable prefix (`derive_session`);
 2. asks the backend (the in-process `Engine`, or a `Client` of a running server) to ingest the
    conversation and render it within the budget (`X-ContextRender-Budget` and
    `X-ContextRender-Selector` override the proxy's for one request), and forwards the request
@@ -32,7 +33,9 @@ engine's 4xx status, or 502). Every chat-completions answer says which happened 
 `X-ContextRender-Status`: `managed`, or `unmanaged; reason=<why>`.
 
 The upstream must answer within `upstream_timeout` seconds of silence (504 otherwise); a
-non-streamed answer cut short is a 502; when the client leaves, the upstream call is cancelled.
+non-streamed answer cut short is a 502, a streamed one cut before its final event ends with an
+error event the SDKs raise on (or, compressed, a broken connection: `relay`); when the client
+leaves, the upstream call is cancelled.
 
 The package, one job per module:
 - `app`: the routes (`create_app`) and one conversation request's way through the proxy;
@@ -47,16 +50,17 @@ The package, one job per module:
 from __future__ import annotations
 
 from contextrender_adapters.proxy.app import (
-    BUDGET_HEADER, DEFAULT_SELECTOR, SELECTOR_HEADER, SESSION_HEADER, STATUS_HEADER, UNMANAGED_HEADER, create_app,
+    BUDGET_HEADER, DEFAULT_SELECTOR, SELECTOR_HEADER, SESSION_HEADER, SESSION_NAME_HEADER, STATUS_HEADER, UNMANAGED_HEADER,
+    create_app,
 )
 from contextrender_adapters.proxy.command import register, run
 from contextrender_adapters.proxy.interfaces import Backend
 from contextrender_adapters.proxy.restores import DEFAULT_RESTORE_ROUNDS, RESTORE_ROUNDS_HEADER, RESTORE_USAGE_HEADER
-from contextrender_adapters.proxy.sessions import derive_session, model_encoding
+from contextrender_adapters.proxy.sessions import derive_session, model_encoding, named_session
 from contextrender_adapters.proxy.upstream import DEFAULT_UPSTREAM_TIMEOUT
 
 __all__ = [
     "BUDGET_HEADER", "DEFAULT_RESTORE_ROUNDS", "DEFAULT_SELECTOR", "DEFAULT_UPSTREAM_TIMEOUT", "RESTORE_ROUNDS_HEADER",
-    "RESTORE_USAGE_HEADER", "SELECTOR_HEADER", "SESSION_HEADER", "STATUS_HEADER", "UNMANAGED_HEADER", "Backend",
-    "create_app", "derive_session", "model_encoding", "register", "run",
+    "RESTORE_USAGE_HEADER", "SELECTOR_HEADER", "SESSION_HEADER", "SESSION_NAME_HEADER", "STATUS_HEADER", "UNMANAGED_HEADER", "Backend",
+    "create_app", "derive_session", "model_encoding", "named_session", "register", "run",
 ]

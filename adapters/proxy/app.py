@@ -22,11 +22,11 @@ from contextrender_adapters.core import InvalidRequest
 from contextrender_adapters.proxy.chat import CHAT
 from contextrender_adapters.proxy.interfaces import Backend, Format, field
 from contextrender_adapters.proxy.restores import DEFAULT_RESTORE_ROUNDS, Restores, Rounds
-from contextrender_adapters.proxy.sessions import Sessions, chain_events, derive_session, model_encoding
+from contextrender_adapters.proxy.sessions import Sessions, chain_events, derive_session, model_encoding, named_session
 from contextrender_adapters.proxy.upstream import DEFAULT_UPSTREAM_TIMEOUT, Upstream, error
 
-__all__ = ["BUDGET_HEADER", "DEFAULT_SELECTOR", "SELECTOR_HEADER", "SESSION_HEADER", "STATUS_HEADER", "UNMANAGED_HEADER",
-           "create_app"]
+__all__ = ["BUDGET_HEADER", "DEFAULT_SELECTOR", "SELECTOR_HEADER", "SESSION_HEADER", "SESSION_NAME_HEADER", "STATUS_HEADER",
+           "UNMANAGED_HEADER", "create_app", "session_of"]
 
 log = logging.getLogger("contextrender.proxy")
 
@@ -36,14 +36,40 @@ BUDGET_HEADER = "x-contextrender-budget"
 SELECTOR_HEADER = "x-contextrender-selector"
 # Why a conversation request was forwarded without a render (absent when it was rendered).
 UNMANAGED_HEADER = "x-contextrender-unmanaged"
+# The session's name as the agent sent it, when its key (`X-ContextRender-Session` of the answer)
+# is a digest of it.
+SESSION_NAME_HEADER = "x-contextrender-session-name"
 # Engine errors that are the request's fault (malformed messages, a rewrite refused, too large).
 _REQUEST_FAULTS = {400, 409, 413, 422}
 DEFAULT_SELECTOR = "contextrender"
 _TOO_DEEP = "ContextRender proxy: the JSON body is nested too deeply"
 
 
-def _summary_headers(session_id: str, result: Any) -> list[tuple[str, str]]:
-    return [
+def _header(request: Request, name: str) -> str:
+    """A request header's value read as UTF-8 (Starlette reads the bytes as Latin-1)."""
+    return request.headers[name].encode("latin-1").decode("utf-8", "replace")
+
+
+def session_of(request: Request, messages: list[dict]) -> tuple[str, str]:
+    """The session of a request, its key and its name: the one `X-ContextRender-Session` names
+    (its bytes read as UTF-8; `named_session` says which key), else one derived from the
+    conversation (`derive_session`)."""
+    sent = request.headers.get(SESSION_HEADER)
+    if sent:
+        # Starlette decodes header bytes as Latin-1: encoded back, they are the bytes as sent.
+        return named_session(sent.encode("latin-1"))
+    session_id = derive_session(messages)
+    return session_id, session_id
+
+
+def _shown(session_id: str, name: str) -> str:
+    """A session as the log names it: its name as sent, with its key when that differs."""
+    return session_id if name in ("", session_id) else f"{name!r} (key {session_id})"
+
+
+def _summary_headers(session_id: str, name: str, result: Any) -> list[tuple[str, str]]:
+    named = [(SESSION_NAME_HEADER, name)] if name and name != session_id else []
+    return named + [
         ("x-contextrender-session", session_id),
         ("x-contextrender-history-tokens", str(result.history_tokens)),
         ("x-contextrender-kept", str(result.kept)),
@@ -75,12 +101,12 @@ class _Proxy:
 
         budget, selector = self.budget, self.selector
         if BUDGET_HEADER in request.headers:
-            value = request.headers[BUDGET_HEADER].strip()
+            value = _header(request, BUDGET_HEADER).strip()
             if not value.isdigit() or int(value) < MIN_BUDGET:
                 raise InvalidRequest(f"X-ContextRender-Budget must be a whole number of tokens >= {MIN_BUDGET} (got {value!r})")
             budget = int(value)
         if SELECTOR_HEADER in request.headers:
-            selector = request.headers[SELECTOR_HEADER].strip()
+            selector = _header(request, SELECTOR_HEADER).strip()
             try:
                 render_settings({"selector": selector})
             except InvalidRequest as exc:
@@ -110,10 +136,11 @@ class _Proxy:
             # Not ours to judge: the upstream answers it.
             return await self.upstream.forward(request, raw, fmt, headers=[(STATUS_HEADER, "unmanaged; reason=no_messages_list")])
         messages = exchange.messages if exchange is not None else []
-        session_id = request.headers.get(SESSION_HEADER) or derive_session(messages)
+        (session_id, name) = session_of(request, messages)
         if failure is not None:
             return await self.engine_failed(request, raw, session_id, failure, fmt)
         state = self.sessions.session(session_id)
+        state.name = name
         if fmt is CHAT and self.restore_rounds and restore_loop.declares_restore(body):
             # Refused before anything is stored: the proxy would answer the agent's own tool.
             return JSONResponse({"error": {
@@ -125,7 +152,7 @@ class _Proxy:
         if exchange.unmanaged:
             if not state.warned:
                 state.warned = True
-                log.warning("session %s: forwarded without rendering: %s", session_id, exchange.unmanaged)
+                log.warning("session %s: forwarded without rendering: %s", _shown(session_id, name), exchange.unmanaged)
             # The reason can quote a client's item type: ASCII only in a header.
             reason = exchange.unmanaged.encode("ascii", "replace").decode()
             return await self.upstream.forward(request, raw, fmt, headers=[
@@ -153,7 +180,7 @@ class _Proxy:
         except RecursionError:
             return error(fmt, 400, _TOO_DEEP, "invalid_request_error")
         on_answer = self.sessions.answered(session_id, turn, len(messages), estimate, chain_events(prepared))
-        headers = [(STATUS_HEADER, "managed")] + _summary_headers(session_id, result)
+        headers = [(STATUS_HEADER, "managed")] + _summary_headers(session_id, name, result)
         if fmt is CHAT and self.restore_rounds and restore_loop.offers_tool(out_body, field(result, "omitted"), field(result, "compacted")):
             rounds = Rounds(estimate, state.encoding or encoding)
             return await self.restores.forward(request, out_body, session_id, on_answer, headers, rounds)
@@ -182,7 +209,7 @@ class _Proxy:
         if not state.unmanaged:
             state.unmanaged = True
             log.warning("session %s: render failed, forwarding requests unmanaged until it works again: %s: %s",
-                        session_id, type(exc).__name__, exc)
+                        _shown(session_id, state.name), type(exc).__name__, exc)
         return await self.upstream.forward(request, raw, fmt, headers=[
             (STATUS_HEADER, f"unmanaged; reason={type(exc).__name__}"),
             (UNMANAGED_HEADER, f"render failed ({type(exc).__name__})"),

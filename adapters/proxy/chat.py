@@ -63,5 +63,10 @@ class _Chat:
     def error(self, status: int, message: str, kind: str) -> dict:
         return {"error": {"message": message, "type": kind, "code": status}}
 
+    def stream_error(self, message: str) -> bytes:
+        # The openai SDK raises APIError on a chunk with an `error` object.
+        error = {"message": f"ContextRender proxy: {message}", "type": "upstream_error"}
+        return b"data: " + json.dumps({"error": error}, ensure_ascii=False).encode() + b"\n\n"
+
 
 CHAT = _Chat()

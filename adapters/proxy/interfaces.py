@@ -70,6 +70,11 @@ class Format(Protocol):
         """An error body in the protocol's shape."""
         ...
 
+    def stream_error(self, message: str) -> bytes:
+        """An error event in the protocol's shape, for a stream whose status is sent: the
+        protocol's SDKs raise on it."""
+        ...
+
 
 def field(report: Any, name: str) -> Any:
     """A field of an engine report: an object in-process, a dict from the server's client."""

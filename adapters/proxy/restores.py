@@ -20,11 +20,12 @@ from starlette.concurrency import run_in_threadpool
 
 from contextrender_adapters import restore_loop
 from contextrender_adapters.core import get_tokenizer
+from contextrender_adapters.formats import EventReader
 from contextrender_adapters.proxy.chat import CHAT, chat_usage
 from contextrender_adapters.proxy.interfaces import Backend, field
-from contextrender_adapters.proxy.relay import Pending, raw, streaming
+from contextrender_adapters.proxy.relay import Pending, cut_message, raw, streaming
 from contextrender_adapters.proxy.sessions import Sessions
-from contextrender_adapters.proxy.upstream import Upstream, unless_gone
+from contextrender_adapters.proxy.upstream import Upstream, error, unless_gone
 
 __all__ = ["DEFAULT_RESTORE_ROUNDS", "RESTORE_ROUNDS_HEADER", "RESTORE_USAGE_HEADER", "Restores", "Rounds"]
 
@@ -68,6 +69,18 @@ class Rounds:
         if self.usage:
             out.append((RESTORE_USAGE_HEADER, json.dumps(self.usage, separators=(",", ":"))))
         return out
+
+
+class _Ending:
+    """Whether a chat-completions stream has sent its final event (`data: [DONE]`)."""
+
+    def __init__(self) -> None:
+        self._events = EventReader()
+        self.done = False
+
+    def feed(self, chunk: bytes) -> None:
+        if not self.done:
+            self.done = any(data.strip() == "[DONE]" for (_, data) in self._events.feed(chunk))
 
 
 class Restores:
@@ -167,10 +180,11 @@ class Restores:
                     if not started:
                         yield upstream.failed(exc, CHAT, headers + rounds.headers())
                     else:
-                        yield upstream.stream_error(f"upstream {upstream.base} failed during a restore round: {exc}")
+                        yield CHAT.stream_error(f"upstream {upstream.base} failed during a restore round: {exc}")
                     return
                 out_headers = upstream.response_headers(response, decoded=True)
                 reader = restore_loop.StreamRound(may_restore=offered)
+                ending = _Ending()
                 try:
                     if response.status_code != 200:
                         failed = await response.aread()
@@ -178,10 +192,11 @@ class Restores:
                             yield (response.status_code, out_headers)
                             yield failed
                         else:
-                            yield upstream.stream_error(f"upstream answered {response.status_code} during a restore round: "
+                            yield CHAT.stream_error(f"upstream answered {response.status_code} during a restore round: "
                                                         f"{failed[:500].decode('utf-8', 'replace')}")
                         return
                     async for chunk in response.aiter_bytes():
+                        ending.feed(chunk)
                         for frame in reader.feed(chunk):
                             if not started:
                                 started = True
@@ -195,14 +210,25 @@ class Restores:
                         seen.feed(frame)
                         yield frame
                 except httpx.HTTPError as exc:  # the upstream's answer ended early, or it fell silent
-                    if not started:
+                    if ending.done:
+                        pass  # cut after its final event: the answer is whole
+                    elif not started:
                         yield upstream.failed(exc, CHAT, cut=True)
+                        return
                     else:
-                        log.warning("upstream %s answer ended early: %s", upstream.base, exc)
-                        yield upstream.stream_error(f"upstream {upstream.base} answer ended early: {exc}")
-                    return
+                        message = cut_message(upstream.base, exc)
+                        log.warning("%s", message)
+                        yield CHAT.stream_error(message)
+                        return
                 finally:
                     await response.aclose()
+                if not ending.done:
+                    # The body ended before `data: [DONE]`: a cut answer (or round) is a failure.
+                    message = cut_message(upstream.base, None)
+                    log.warning("%s", message)
+                    yield (error(CHAT, 502, f"ContextRender proxy: {message}", "upstream_error") if not started
+                           else CHAT.stream_error(message))
+                    return
                 rounds.answered(chat_usage(reader.usage))
                 if reader.restore_round:
                     await self._answer_round(session_id, reader.answer(), rounds)

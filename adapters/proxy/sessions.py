@@ -20,7 +20,7 @@ from contextrender_adapters import core
 from contextrender_adapters.core import UnknownSession, cache_bytes_setting, content_text, get_tokenizer, normal_form, same_event
 from contextrender_adapters.proxy.interfaces import Backend
 
-__all__ = ["SessionState", "Sessions", "derive_session", "model_encoding"]
+__all__ = ["SessionState", "Sessions", "derive_session", "model_encoding", "named_session"]
 
 log = logging.getLogger("contextrender.proxy")
 
@@ -58,6 +58,26 @@ def derive_session(messages: list[dict]) -> str:
     return f"proxy-{digest[:24]}"
 
 
+def named_session(value: bytes) -> tuple[str, str]:
+    """The session a header names, from the value's bytes as sent: its storage key, and its name
+    for display. The name is the bytes decoded as UTF-8 (bytes that are not UTF-8 read as
+    Latin-1, the one other encoding HTTP headers have had). The key is the name itself when the
+    bytes are UTF-8 and the name is a valid session id (engine.validate: at most 256 printable
+    characters); else (longer, a tab or another control character, bytes that are not UTF-8) a
+    digest of the bytes: any name the agent sends is managed, and two names never share a key."""
+    try:
+        name = value.decode("utf-8")
+    except UnicodeDecodeError:
+        name = value.decode("latin-1")
+    else:
+        try:
+            core.check_session_id(name)
+            return name, name
+        except core.InvalidRequest:
+            pass
+    return f"proxy-named-{hashlib.sha256(value).hexdigest()[:32]}", name
+
+
 def model_encoding(model: str) -> str:
     """The token encoding for a model family: Claude models get the `claude` estimate (o200k
     scaled, see engine.measure.SCALED_ENCODINGS), GPT-4 and GPT-3.5 cl100k, others o200k."""
@@ -71,6 +91,8 @@ def model_encoding(model: str) -> str:
 
 class SessionState:
     def __init__(self) -> None:
+        # The session's name as the agent sent it (its key when it named none, or a valid one).
+        self.name = ""
         self.lock = asyncio.Lock()
         self.turn = 0
         self.answers: dict[int, dict] = {}

@@ -38,8 +38,10 @@ _RESPONSE_SKIP = {"content-length", "connection", "keep-alive", "transfer-encodi
 
 
 def error(fmt: Format, status: int, message: str, kind: str, headers: Sequence[tuple[str, str]] = ()) -> JSONResponse:
-    """An error in the protocol's own shape."""
-    return JSONResponse(fmt.error(status, message, kind), status_code=status, headers=dict(headers))
+    """An error in the protocol's own shape (`headers` added as UTF-8: a session name is any text)."""
+    response = JSONResponse(fmt.error(status, message, kind), status_code=status)
+    response.raw_headers += raw(headers)
+    return response
 
 
 class ClientGone(Exception):
@@ -83,20 +85,21 @@ class Upstream:
         return self.base + rest + (f"?{query}" if query else "")
 
     @staticmethod
-    def request_headers(request: Request, identity: bool = False) -> list[tuple[str, str]]:
-        """The agent's headers as forwarded: without hop-by-hop ones and ContextRender's own;
-        `identity`: asking for the answer uncompressed (the proxy reads it whole)."""
-        sent = [(k, v) for (k, v) in request.headers.items()
-                if k.lower() not in _REQUEST_SKIP and not k.lower().startswith(OWN_HEADERS)
-                and not (identity and k.lower() == "accept-encoding")]
-        return sent + [("accept-encoding", "identity")] if identity else sent
+    def request_headers(request: Request, identity: bool = False) -> list[tuple[bytes, bytes]]:
+        """The agent's headers as forwarded, byte for byte: without hop-by-hop ones and
+        ContextRender's own; `identity`: asking for the answer uncompressed (the proxy reads it
+        whole)."""
+        sent = [(k, v) for (k, v) in request.headers.raw
+                if k.lower().decode("latin-1") not in _REQUEST_SKIP and not k.lower().startswith(OWN_HEADERS.encode())
+                and not (identity and k.lower() == b"accept-encoding")]
+        return sent + [(b"accept-encoding", b"identity")] if identity else sent
 
     @staticmethod
-    def response_headers(response: httpx.Response, decoded: bool = False) -> list[tuple[str, str]]:
-        """The upstream's headers as relayed: without hop-by-hop ones (and without
+    def response_headers(response: httpx.Response, decoded: bool = False) -> list[tuple[str, bytes]]:
+        """The upstream's headers as relayed, byte for byte: without hop-by-hop ones (and without
         content-encoding when the body relayed is `decoded`)."""
-        return [(k, v) for (k, v) in response.headers.multi_items()
-                if k.lower() not in _RESPONSE_SKIP and not (decoded and k.lower() == "content-encoding")]
+        return [(k.decode("latin-1"), v) for (k, v) in response.headers.raw
+                if k.lower().decode("latin-1") not in _RESPONSE_SKIP and not (decoded and k.lower() == b"content-encoding")]
 
     def failed(self, exc: Exception, fmt: Format, headers: Sequence[tuple[str, str]] = (), cut: bool = False) -> Response:
         """The answer to an upstream call that failed: 504 if it fell silent, else 502 (`cut`: it
@@ -111,11 +114,6 @@ class Upstream:
             return error(fmt, 502, f"ContextRender proxy: upstream {self.base} closed its answer before the end: {exc}", "upstream_error")
         log.warning("upstream %s unreachable: %s", self.base, exc)
         return error(fmt, 502, f"ContextRender proxy: upstream {self.base} failed: {exc}", "upstream_error", headers)
-
-    @staticmethod
-    def stream_error(message: str) -> bytes:
-        """An error event inside a stream that has started (its status is sent): SDKs raise it."""
-        return b"data: " + json.dumps({"error": {"message": f"ContextRender proxy: {message}", "type": "upstream_error"}}).encode() + b"\n\n"
 
     @staticmethod
     async def watched(request: Request, work: Callable[[asyncio.Future], Awaitable[Response]], left: str) -> Response:

@@ -1,0 +1,212 @@
+"""A stream the upstream cuts before its final event reaches the agent as a failure through the
+proxy, in every protocol (chat completions, Messages, Responses) and on both paths (the history
+fits the budget; results are omitted, for chat completions the restore-round path), driven by the
+real SDKs: the proxy sends an error event they raise on, or (a compressed stream) breaks the
+connection as the upstream did. A cut answer is never stored."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import zlib
+
+import anthropic
+import httpx
+import openai
+import pytest
+from fastapi import FastAPI, Request
+from fastapi.responses import Response, StreamingResponse
+
+from contextrender_adapters.fakeupstream import LoopbackServer
+from contextrender_adapters.proxy import SESSION_HEADER, create_app
+from tests.conftest import anthropic_conversation, responses_input, user
+from tests.test_proxy import BUDGET, SYSTEM, TOOLS, conversation
+
+ANSWER = "Hello world, this answer is long enough to be cut midway through."
+CUT = "ended the stream before its end"
+
+
+class CuttingUpstream:
+    """The fake upstream behind a cut: each streamed answer is relayed up to `keep` events, then
+    its body ends (`how="end"`: no final event) or its connection breaks (`how="break"`);
+    `gzip`: the stream is sent compressed when the request accepts it."""
+
+    def __init__(self, fake, keep: int, how: str, gzip: bool = False) -> None:
+        self.fake, self.keep, self.how, self.gzip = fake, keep, how, gzip
+        self.cuts = 0
+        self.app = FastAPI()
+        self.app.add_api_route("/{path:path}", self.forward, methods=["POST", "GET"])
+
+    async def forward(self, request: Request, path: str) -> Response:
+        client = httpx.AsyncClient(timeout=30)
+        target = self.fake.base_url.removesuffix("/v1") + "/" + path
+        response = await client.send(client.build_request(
+            request.method, target, content=await request.body(), headers={"content-type": "application/json"}), stream=True)
+        if "text/event-stream" not in response.headers.get("content-type", ""):
+            data = await response.aread()
+            await client.aclose()
+            return Response(data, status_code=response.status_code, media_type=response.headers.get("content-type"))
+        compress = self.gzip and "gzip" in request.headers.get("accept-encoding", "")
+        packer = zlib.compressobj(wbits=16 + zlib.MAX_WBITS)
+
+        async def events():
+            try:
+                (buffer, sent) = (b"", 0)
+                async for chunk in response.aiter_raw():
+                    buffer += chunk
+                    while b"\n\n" in buffer and sent < self.keep:
+                        (frame, buffer) = buffer.split(b"\n\n", 1)
+                        frame += b"\n\n"
+                        yield packer.compress(frame) + packer.flush(zlib.Z_SYNC_FLUSH) if compress else frame
+                        sent += 1
+                    if sent >= self.keep:
+                        break
+                self.cuts += 1
+                if self.how == "break":
+                    raise RuntimeError("the upstream died mid-answer")  # uvicorn closes the connection
+            finally:
+                await response.aclose()
+                await client.aclose()
+
+        headers = {"content-encoding": "gzip"} if compress else {}
+        return StreamingResponse(events(), media_type="text/event-stream", headers=headers)
+
+
+@pytest.fixture
+def cut_proxy(engine, upstream):
+    """A proxy (engine in-process) in front of a cutting upstream: `start(keep, how, gzip)` -> URL."""
+    servers = []
+
+    def start(keep: int = 5, how: str = "end", gzip: bool = False) -> str:
+        cutter = CuttingUpstream(upstream, keep, how, gzip)
+        servers.append(LoopbackServer(cutter.app).__enter__())
+        proxy = LoopbackServer(create_app(engine, servers[-1].url + "/v1", BUDGET))
+        servers.append(proxy.__enter__())
+        return proxy.url
+
+    yield start
+    for server in reversed(servers):
+        server.__exit__(None, None, None)
+
+
+def _history(omitted: bool) -> list[dict]:
+    """A chat history that fits BUDGET, or one whose results the render must omit."""
+    if omitted:
+        return conversation()
+    return [SYSTEM, user("Say hello.")]
+
+
+def _not_stored(engine, session: str) -> None:
+    """The session holds the request's history, and no part of the cut answer."""
+    time.sleep(0.3)  # an answer is ingested after the response: give a wrong one time to land
+    stored = engine.get_session(session, include_messages=True)["messages"]
+    assert not any("Hello" in str(m.get("content")) for m in stored if m.get("role") == "assistant")
+
+
+def _omitted_sent(upstream) -> bool:
+    return "[ContextRender: " in upstream.requests[-1].body.decode()  # a stub or a note of the render
+
+
+PATHS = [pytest.param(False, id="fits"), pytest.param(True, id="omitted")]
+CUTS = [pytest.param("end", id="body-ended"), pytest.param("break", id="connection-broken")]
+
+
+@pytest.mark.parametrize("omitted", PATHS)
+@pytest.mark.parametrize("how", CUTS)
+def test_a_cut_chat_stream_raises_in_the_openai_sdk(engine, upstream, cut_proxy, omitted, how):
+    url = cut_proxy(keep=5, how=how)
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="sk-test", max_retries=0)
+    session = f"chat-{how}-{omitted}"
+    upstream.enqueue(content=ANSWER)
+    received = []
+    with pytest.raises(openai.APIError, match=CUT):
+        stream = client.chat.completions.create(model="gpt-4o", messages=_history(omitted), tools=TOOLS, stream=True,
+                                                extra_headers={SESSION_HEADER: session})
+        for chunk in stream:
+            received.extend(c.delta.content or "" for c in chunk.choices)
+    assert received and ANSWER.startswith("".join(received))  # it had started: the cut came mid-answer
+    # The restore tool is offered where results were omitted: the restore-round path.
+    assert ("contextrender_restore" in upstream.requests[-1].body.decode()) == omitted == _omitted_sent(upstream)
+    _not_stored(engine, session)
+
+
+@pytest.mark.parametrize("omitted", PATHS)
+@pytest.mark.parametrize("how", CUTS)
+def test_a_cut_messages_stream_raises_in_the_anthropic_sdk(engine, upstream, cut_proxy, omitted, how):
+    url = cut_proxy(keep=5, how=how)
+    client = anthropic.Anthropic(base_url=url, api_key="sk-ant-test", max_retries=0)
+    (system, turns) = anthropic_conversation(_history(omitted), thinking=False)
+    session = f"messages-{how}-{omitted}"
+    upstream.enqueue(content=ANSWER)
+    with pytest.raises(anthropic.APIError, match=CUT):
+        with client.messages.stream(model="claude-sonnet-4-5", max_tokens=64, system=system, messages=turns,
+                                    extra_headers={SESSION_HEADER: session}) as stream:
+            stream.get_final_message()
+    assert _omitted_sent(upstream) == omitted
+    _not_stored(engine, session)
+
+
+@pytest.mark.parametrize("omitted", PATHS)
+@pytest.mark.parametrize("how", CUTS)
+def test_a_cut_responses_stream_raises_in_the_openai_sdk(engine, upstream, cut_proxy, omitted, how):
+    url = cut_proxy(keep=5, how=how)
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="sk-test", max_retries=0)
+    (instructions, items) = responses_input(_history(omitted))
+    session = f"responses-{how}-{omitted}"
+    upstream.enqueue(content=ANSWER)
+    with pytest.raises(openai.APIError, match=CUT):
+        for _ in client.responses.create(model="gpt-5", instructions=instructions, input=items, stream=True,
+                                         extra_headers={SESSION_HEADER: session}):
+            pass
+    assert _omitted_sent(upstream) == omitted
+    _not_stored(engine, session)
+
+
+@pytest.mark.parametrize("omitted", PATHS)
+def test_a_cut_responses_stream_fails_an_openai_agents_run(engine, upstream, cut_proxy, omitted):
+    from agents import Agent, OpenAIResponsesModel, RunConfig, Runner
+
+    url = cut_proxy(keep=5, how="break")
+    model = OpenAIResponsesModel(model="gpt-5", openai_client=openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="sk-test", max_retries=0))
+    agent = Agent(name="greeter", instructions=SYSTEM["content"], model=model)
+    (_, items) = responses_input(_history(omitted)[1:])
+    upstream.enqueue(content=ANSWER)
+
+    async def run() -> None:
+        result = Runner.run_streamed(agent, items, run_config=RunConfig(tracing_disabled=True))
+        async for _ in result.stream_events():
+            pass
+
+    with pytest.raises(Exception, match=CUT):
+        asyncio.run(run())
+    assert _omitted_sent(upstream) == omitted
+
+
+def test_a_cut_compressed_stream_breaks_the_connection(engine, upstream, cut_proxy):
+    """A gzip stream cannot take an error event after its cut: the proxy breaks it off too, and the
+    client's read fails (the SDK raises) instead of ending quietly."""
+    url = cut_proxy(keep=5, how="end", gzip=True)
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="sk-test", max_retries=0)
+    upstream.enqueue(content=ANSWER)
+    received = []
+    with pytest.raises((httpx.RemoteProtocolError, openai.APIConnectionError)):
+        for chunk in client.chat.completions.create(model="gpt-4o", messages=_history(False), stream=True,
+                                                    extra_headers={SESSION_HEADER: "gzip-cut"}):
+            received.extend(c.delta.content or "" for c in chunk.choices)
+    assert received  # the stream was relayed (compressed) until the cut
+    _not_stored(engine, "gzip-cut")
+
+
+def test_a_whole_stream_still_ends_cleanly_and_is_stored(engine, upstream, cut_proxy):
+    """The check does not fail a stream that ended: one with its final event is relayed whole and
+    stored, through the same cutting upstream told to keep every event."""
+    url = cut_proxy(keep=10_000, how="end")
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="sk-test", max_retries=0)
+    upstream.enqueue(content=ANSWER)
+    text = "".join(c.delta.content or "" for chunk in client.chat.completions.create(
+        model="gpt-4o", messages=_history(False), stream=True, extra_headers={SESSION_HEADER: "whole"}) for c in chunk.choices)
+    assert text == ANSWER
+    deadline = time.monotonic() + 10
+    while engine.get_session("whole", include_messages=True)["messages"][-1].get("content") != ANSWER:
+        assert time.monotonic() < deadline, "the whole answer was never stored"
+        time.sleep(0.05)
