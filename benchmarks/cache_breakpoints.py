@@ -42,6 +42,8 @@ from engine.measure import get_tokenizer  # noqa: E402
 from tests.conftest import anthropic_conversation, load_traces  # noqa: E402
 
 TOK = get_tokenizer("claude")
+# The full recorded sets beside the checkout (the tests' fixture holds only a few traces).
+SHARED_TRACES = Path(__file__).resolve().parent.parent.parent / "shared" / "traces"
 MIN_CACHEABLE = 1024
 LOOKBACK = 20
 EPHEMERAL = {"type": "ephemeral"}
@@ -117,7 +119,7 @@ def main() -> None:
     memos: dict[str, object] = {}
     requests = managed = 0
     started = time.perf_counter()
-    for (t, trace) in enumerate(load_traces(args.trace)[: args.limit]):
+    for (t, trace) in enumerate(load_traces(args.trace, SHARED_TRACES)[: args.limit]):
         messages = trace["messages"]
         memos = {}
         for j in [i for (i, m) in enumerate(messages) if m["role"] == "assistant"][1:]:

@@ -11,7 +11,9 @@ import pytest
 
 from contextrender_adapters import Engine
 
-TRACES = Path(__file__).resolve().parent.parent.parent / "shared" / "traces"
+# The recorded traces the tests run on: a few whole traces that ship with the tests, with their
+# source and license (tests/fixtures/traces/README.md), so a fresh clone needs nothing beside it.
+TRACES = Path(__file__).resolve().parent / "fixtures" / "traces"
 
 
 @pytest.fixture
@@ -48,8 +50,10 @@ def in_new_process(script: str, store: Path) -> Any:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def load_traces(name: str) -> list[dict]:
-    with open(TRACES / name) as f:
+def load_traces(name: str, folder: Path = TRACES) -> list[dict]:
+    """The records of a trace file of `folder` (the tests' fixture unless a benchmark names the
+    full sets)."""
+    with open(folder / name) as f:
         return [json.loads(line) for line in f]
 
 

@@ -15,7 +15,7 @@ from contextrender_adapters.anthropic import MAX_BREAKPOINTS, breakpoints, to_no
 from contextrender_adapters.fakeupstream import LoopbackServer, free_port, signature
 from contextrender_adapters.proxy import BUDGET_HEADER, SELECTOR_HEADER, SESSION_HEADER, create_app
 from engine.errors import InvalidRequest
-from engine.measure import get_tokenizer
+from engine.measure import CALL_OVERHEAD, MESSAGE_OVERHEAD, PART_TOKENS, get_tokenizer
 from tests.conftest import anthropic_conversation, call, scripted_tool_loop, trace_prefix
 from tests.test_proxy import wait_for_events
 
@@ -127,6 +127,42 @@ def proxy_url(engine, upstream):
 
 def sdk(url: str) -> anthropic.Anthropic:
     return anthropic.Anthropic(base_url=url, api_key="sk-ant-test", max_retries=0)
+
+
+def test_the_history_count_the_budget_checks_use_is_the_count_by_hand():
+    """`history_tokens` above (the count every budget check here uses, through the adapter's own
+    `to_normal`) on one body holding each kind of block, against a count written out by hand
+    from the body's strings: a block the conversion dropped or doubled would change it."""
+    args = '{"path": "tests/test_app.py"}'
+    body = {"model": MODEL, "max_tokens": 100, "system": [{"type": "text", "text": "You are a coding agent."}], "messages": [
+        {"role": "user", "content": "Fix the failing test."},
+        {"role": "assistant", "content": [
+            {"type": "thinking", "thinking": "Read the test first.", "signature": signature("Read the test first.")},
+            {"type": "redacted_thinking", "data": "ENCRYPTED=="},
+            {"type": "text", "text": "Reading it."},
+            {"type": "tool_use", "id": "toolu_1", "name": "read", "input": {"path": "tests/test_app.py"}},
+        ]},
+        {"role": "user", "content": [
+            {"type": "tool_result", "tool_use_id": "toolu_1", "content": "def test_app(): assert add(1, 2) == 3"},
+            {"type": "text", "text": "Also check add."},
+            {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}},
+        ]},
+        {"role": "assistant", "content": [{"type": "text", "text": "add returns 4."}]},
+        {"role": "user", "content": "Fix it."},
+    ]}
+    # Each message: its overhead and text; a thinking block its text; any other non-text block
+    # (redacted thinking, an image) PART_TOKENS; a call its overhead, name and input as JSON. The
+    # system prompt and the current user message are outside B.
+    count = CLAUDE.count
+    by_hand = (
+        MESSAGE_OVERHEAD + count("Fix the failing test.")
+        + MESSAGE_OVERHEAD + count("Read the test first.") + PART_TOKENS + count("Reading it.")
+        + CALL_OVERHEAD + count("read") + count(args)
+        + MESSAGE_OVERHEAD + count("def test_app(): assert add(1, 2) == 3")
+        + MESSAGE_OVERHEAD + count("Also check add.") + PART_TOKENS
+        + MESSAGE_OVERHEAD + count("add returns 4.")
+    )
+    assert history_tokens(body) == by_hand
 
 
 def test_a_recorded_conversation_is_rendered_within_budget(engine, upstream, proxy_url):

@@ -1,12 +1,10 @@
 """`contextrender replay` and `contextrender sweep` (evaluation/commands.py) through the command
 line: settings refused with what to fix, the sweep's report, figures and raw results, and a replay
-of the shared traces end to end."""
+of recorded traces (the tests' fixture) end to end."""
 
 from __future__ import annotations
 
 import json
-
-import pytest
 
 import engine.summaries as compact
 from contextrender_adapters.cli import main
@@ -38,8 +36,7 @@ def test_sweep_writes_a_report_and_figures(tmp_path, capsys):
     assert raw["traces"] == 2 and {s["selector"] for s in raw["stats"]} == {"full", "prune", "contextrender", "compact"}
 
 
-@pytest.mark.skipif(not TRACES.exists(), reason="../shared/traces is not beside the checkout")
-def test_replay_of_shared_traces_end_to_end(capsys):
+def test_replay_of_recorded_traces_end_to_end(capsys):
     tau, demos = str(TRACES / "tau_bench.jsonl"), str(TRACES / "swe_agent_demos.jsonl")
     code = main(["replay", tau, demos, "--limit", "1", "--budget", "1000,3000",
                  "--selector", "prune,semantic,recency-summary,contextrender", "--summariser", "offline", "--json", "--no-progress"])

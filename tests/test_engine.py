@@ -93,19 +93,22 @@ def test_calls_on_one_session_take_turns_and_other_sessions_do_not_wait(engine, 
     inside: dict[str, int] = {"a": 0, "b": 0}
     most: dict[str, int] = {"a": 0, "b": 0}
     both = threading.Event()
+    counters = threading.Lock()  # the test's own counters, updated from several threads
     real = engine._attempt
 
     def attempt(walker):
         session = walker.session_id
-        inside[session] += 1
-        most[session] = max(most[session], inside[session])
-        if inside["a"] and inside["b"]:
-            both.set()
+        with counters:
+            inside[session] += 1
+            most[session] = max(most[session], inside[session])
+            if inside["a"] and inside["b"]:
+                both.set()
         time.sleep(0.2)
         try:
             return real(walker)
         finally:
-            inside[session] -= 1
+            with counters:
+                inside[session] -= 1
 
     monkeypatch.setattr(engine, "_attempt", attempt)
     threads = [threading.Thread(target=engine.get_session, args=(s,)) for s in ("a", "a", "a", "b")]

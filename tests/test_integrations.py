@@ -24,6 +24,16 @@ TOK = get_tokenizer()
 
 
 @pytest.fixture
+def node():
+    """Node, which runs the opencode plugin: without it these tests skip on a developer's machine,
+    and fail where `CI` is set (a CI machine without Node would otherwise test no plugin at all)."""
+    if shutil.which("node") is None:
+        if os.environ.get("CI"):
+            pytest.fail("CI is set and Node is not on PATH: the opencode plugin's tests need it (install Node.js, e.g. apt-get install nodejs)")
+        pytest.skip("needs Node (v20 is at /usr/bin/node on the dev machines)")
+
+
+@pytest.fixture
 def proxy_url(engine, upstream):
     with LoopbackServer(create_app(engine, upstream.base_url, BUDGET)) as server:
         yield server.url
@@ -141,8 +151,7 @@ def run_plugin(url: str, messages: list[dict], token: str) -> dict:
     return json.loads(done.stdout) | {"stderr": done.stderr}
 
 
-@pytest.mark.skipif(shutil.which("node") is None, reason="needs Node (v20 is at /usr/bin/node on the dev machines)")
-def test_opencode_plugin_renders_the_history_through_the_server(jac_server):
+def test_opencode_plugin_renders_the_history_through_the_server(node, jac_server):
     messages = opencode_session()
     with Client(jac_server.url) as client:
         client.register("opencode-user", "secret-password-1")
@@ -175,8 +184,7 @@ def test_opencode_plugin_renders_the_history_through_the_server(jac_server):
         assert "history sent unchanged" in refused["stderr"]
 
 
-@pytest.mark.skipif(shutil.which("node") is None, reason="needs Node")
-def test_opencode_plugin_reads_the_server_envelope():
+def test_opencode_plugin_reads_the_server_envelope(node):
     script = (
         "import { ContextRender } from " + json.dumps((ROOT / "integrations" / "opencode" / "contextrender.js").as_uri()) + ";\n"
         "const m = [{role: 'user', content: 'x'}];\n"

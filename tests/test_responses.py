@@ -14,7 +14,7 @@ import pytest
 from contextrender_adapters.fakeupstream import LoopbackServer
 from contextrender_adapters.proxy import BUDGET_HEADER, SELECTOR_HEADER, SESSION_HEADER, UNMANAGED_HEADER, create_app
 from contextrender_adapters.responses import to_normal
-from engine.measure import get_tokenizer
+from engine.measure import CALL_OVERHEAD, MESSAGE_OVERHEAD, PART_TOKENS, get_tokenizer
 from tests.conftest import call, responses_input, scripted_tool_loop, trace_prefix
 from tests.test_proxy import wait_for_events
 from tests.test_anthropic import SHORTENED
@@ -90,6 +90,38 @@ def proxy_url(engine, upstream):
 
 def sdk(url: str) -> openai.OpenAI:
     return openai.OpenAI(base_url=f"{url}/v1", api_key="sk-test", max_retries=0)
+
+
+def test_the_history_count_the_budget_checks_use_is_the_count_by_hand():
+    """`history_tokens` above (the count every budget check here uses, through the adapter's own
+    `to_normal`) on one input holding each kind of item, against a count written out by hand
+    from the items' strings: an item the conversion dropped or doubled would change it."""
+    args = '{"path": "tests/test_app.py"}'
+    body = {"model": MODEL, "instructions": "You are a coding agent.", "input": [
+        {"role": "user", "content": "Fix the failing test."},
+        {"id": "rs_1", "type": "reasoning", "summary": [{"type": "summary_text", "text": "Read the test."}], "encrypted_content": "gAAAA1=="},
+        {"id": "msg_1", "type": "message", "role": "assistant", "status": "completed",
+         "content": [{"type": "output_text", "text": "Reading it.", "annotations": []}]},
+        {"type": "function_call", "call_id": "call_1", "name": "read", "arguments": args, "id": "fc_1", "status": "completed"},
+        {"type": "function_call_output", "call_id": "call_1", "output": "def test_app(): assert add(1, 2) == 3"},
+        {"role": "user", "content": [{"type": "input_text", "text": "Also check add."},
+                                     {"type": "input_image", "image_url": "data:image/png;base64,iVBORw0KGgo="}]},
+        {"role": "assistant", "content": "add returns 4."},
+        {"role": "user", "content": [{"type": "input_text", "text": "Fix it."}]},
+    ]}
+    # The reasoning item, the message and the call of one model call are one assistant message:
+    # its overhead, the reasoning as one non-text part (PART_TOKENS, its content is encrypted),
+    # the text, the call's overhead, name and arguments. An image is PART_TOKENS too. The
+    # instructions and the current user message are outside B.
+    count = TOK.count
+    by_hand = (
+        MESSAGE_OVERHEAD + count("Fix the failing test.")
+        + MESSAGE_OVERHEAD + PART_TOKENS + count("Reading it.") + CALL_OVERHEAD + count("read") + count(args)
+        + MESSAGE_OVERHEAD + count("def test_app(): assert add(1, 2) == 3")
+        + MESSAGE_OVERHEAD + count("Also check add.") + PART_TOKENS
+        + MESSAGE_OVERHEAD + count("add returns 4.")
+    )
+    assert history_tokens(body) == by_hand
 
 
 def test_a_recorded_conversation_is_rendered_within_budget(engine, upstream, proxy_url):

@@ -59,8 +59,9 @@ def test_a_session_is_found_among_many_with_the_loads_it_takes_alone(engine, loa
     for n in range(150):
         engine.ingest(f"other-{n}", conversation(f"o{n}"))
     among_many = loads(calls)
-    # The call reads the same nodes whatever else is stored: no scan of the other sessions.
-    assert among_many == alone
+    # The call reads the same nodes whatever else is stored: no scan of the other sessions (and
+    # it does read some: a count of 0 would mean the hook no longer sees jaclang's loads).
+    assert alone > 0 and among_many == alone
     assert engine.render("probe", follow_up, budget=1000).messages == follow_up
     assert engine.get_session("other-77", include_messages=True)["messages"] == conversation("o77")
     with pytest.raises(UnknownSession):

@@ -1,10 +1,17 @@
-"""scripts/setup.sh: safe to run twice at once (`serve.sh` and `test.sh` started together)."""
+"""scripts/setup.sh: safe to run twice at once (`serve.sh` and `test.sh` started together), with
+util-linux's `flock` and, on machines without it (macOS), with its `mkdir` lock.
+
+A run's first step after its lock is `sha1sum pyproject.toml`: the tests put a `sha1sum` on PATH
+that records when it ran, so they see when the waiting run went on, against when the lock it
+waited for was released."""
 
 from __future__ import annotations
 
 import fcntl
+import os
 import shutil
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -12,17 +19,68 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 SETUP = ["bash", str(ROOT / "scripts" / "setup.sh")]
+HOLD = 3.0  # seconds the test holds the lock
 
 
-@pytest.mark.skipif(shutil.which("flock") is None, reason="needs util-linux flock")
-def test_a_second_run_waits_for_the_first():
-    # Hold the lock as a running setup would: a new run must wait for it, then finish.
+def tools(folder: Path, without: tuple[str, ...] = ()) -> dict[str, str]:
+    """An environment whose PATH is `folder`: every command of the current PATH linked there
+    except `without`, and a `sha1sum` that appends the time it ran to folder/ran."""
+    folder.mkdir()
+    for directory in reversed(os.environ["PATH"].split(os.pathsep)):  # the first on PATH wins
+        if not os.path.isdir(directory):
+            continue
+        for entry in os.scandir(directory):
+            target = folder / entry.name
+            if entry.name in without or not os.access(entry.path, os.X_OK) or entry.is_dir():
+                continue
+            target.unlink(missing_ok=True)
+            target.symlink_to(entry.path)
+    real = shutil.which("sha1sum")
+    stamp = folder / "sha1sum"
+    stamp.unlink()
+    stamp.write_text(f"#!/bin/sh\n'{sys.executable}' -c 'import time; print(repr(time.time()))' >> '{folder}/ran'\n"
+                     f"exec '{real}' \"$@\"\n")
+    stamp.chmod(0o755)
+    return dict(os.environ, PATH=str(folder))
+
+
+def went_on_at(folder: Path) -> list[float]:
+    ran = folder / "ran"
+    return [float(line) for line in ran.read_text().split()] if ran.exists() else []
+
+
+@pytest.mark.skipif(shutil.which("flock") is None, reason="needs util-linux flock (the mkdir lock is tested below)")
+def test_a_second_run_waits_until_the_first_releases_the_lock(tmp_path):
+    env = tools(tmp_path / "bin")
+    # Hold the lock as a running setup would: a new run goes on only once it is released.
     with open(ROOT / ".venv.lock", "w") as held:
         fcntl.flock(held, fcntl.LOCK_EX)
-        waiting = subprocess.Popen(SETUP, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-        time.sleep(2)
-        assert waiting.poll() is None, "setup.sh ran while another run held the lock"
+        waiting = subprocess.Popen(SETUP, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
+        time.sleep(HOLD)
+        released = time.time()
     assert waiting.wait(timeout=300) == 0, waiting.stdout.read().decode()[-2000:]
+    ran = went_on_at(tmp_path / "bin")
+    assert len(ran) == 1 and ran[0] >= released, (ran, released)
+
+
+def test_without_flock_a_second_run_waits_for_the_mkdir_lock(tmp_path):
+    env = tools(tmp_path / "bin", without=("flock",))
+    lock = ROOT / ".venv.lock.d"
+    assert shutil.which("flock", path=env["PATH"]) is None
+    lock.mkdir()  # held, as a running setup without flock holds it
+    try:
+        waiting = subprocess.Popen(SETUP, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
+        time.sleep(HOLD)
+        released = time.time()
+    finally:
+        if lock.exists():
+            lock.rmdir()
+    out = waiting.communicate(timeout=300)[0].decode()
+    assert waiting.returncode == 0, out[-2000:]
+    ran = went_on_at(tmp_path / "bin")
+    assert len(ran) == 1 and ran[0] >= released, (ran, released)
+    assert "waiting for another run" in out
+    assert not lock.exists()  # the run removed its own lock when it finished
 
 
 def test_two_runs_at_once_both_succeed():

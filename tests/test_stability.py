@@ -82,17 +82,35 @@ def test_a_session_first_rendered_over_budget_is_re_rendered_whole(engine):
 
 
 def test_explain_says_append_or_re_render_and_why(engine):
+    """Explained after every render of a replay that both re-renders and appends (the first
+    over-budget render is a re-render; the next ones append until the budget is reached)."""
     budget = 1200
     messages = session(24)
-    results = replay(engine, messages, budget)
-    last = results[-1]
-    explained = engine.explain("s")
-    assert explained.mode == last.mode and explained.mode_reason == last.mode_reason
-    reasons = {d.reason for d in explained.decisions}
-    if last.mode == "append":
-        assert any("appended" in r for r in reasons) or any("kept as it was" in r for r in reasons)
-        assert any("left out while the previous history is only appended to" in r for r in reasons)
-    assert engine.get_session("s")["last_render"]["mode"] == last.mode
+    explained_modes = []
+    for j, message in enumerate(messages + [assistant("done")]):
+        if message["role"] != "assistant" or j == 0:
+            continue
+        result = engine.render("s", messages[:j], budget=budget)
+        explained = engine.explain("s")
+        assert explained.mode == result.mode and explained.mode_reason == result.mode_reason, j
+        assert engine.get_session("s")["last_render"]["mode"] == result.mode
+        by_status: dict[str, list[str]] = {}
+        for d in explained.decisions:
+            by_status.setdefault(d.status, []).append(d.reason)
+        if result.mode == "append":
+            # Results of the previous request, and the new ones, are kept; what the last
+            # re-render left out stays out.
+            assert by_status["kept"] and all("kept as it was (append)" in r or "appended after its unchanged" in r
+                                             for r in by_status["kept"]), (j, by_status)
+            assert any("appended after its unchanged" in r for r in by_status["kept"]), (j, by_status)
+            assert by_status["omitted"] and all("left out while the previous history is only appended to" in r
+                                                for r in by_status["omitted"]), (j, by_status)
+        elif result.mode == "re-render":
+            # A selection from scratch: each kept result names its rank, each omitted one its cost.
+            assert by_status["kept"] and all(r.startswith("selected #") for r in by_status["kept"]), (j, by_status)
+            assert by_status["omitted"] and all(r.startswith("did not fit: needs ") for r in by_status["omitted"]), (j, by_status)
+        explained_modes.append(result.mode)
+    assert "re-render" in explained_modes and "append" in explained_modes, explained_modes
 
 
 def test_per_call_policy_selects_from_scratch_every_time(engine, tmp_path):

@@ -16,9 +16,10 @@ def test_oversized_result_is_compacted_by_the_configured_model(engine, monkeypat
     result = engine.render("s", messages, budget=1000, explain=True)
     assert result.decisions[0].status == "compacted"
     shown = next(m for m in result.messages if m.get("tool_call_id") == "c1")
-    # The model's compaction, under the line that names the handle of the complete result.
+    # The model's compaction, under the line that names the handle of the complete result and
+    # the size of that result (its message's tokens, as B counts them).
     assert shown["content"] == (
-        '[ContextRender: compacted from 11004 tokens. To see it in full, call contextrender_restore with handle "r1".]\n'
+        f'[ContextRender: compacted from {TOK.message_tokens(messages[2])} tokens. To see it in full, call contextrender_restore with handle "r1".]\n'
         "ERR_4242 at src/app.py:17 (compacted)"
     )
     assert result.history_tokens <= 1000

@@ -1,6 +1,8 @@
-"""Tok(H) <= B and valid tool-call pairing on renders of the shared recorded traces.
+"""Tok(H) <= B and valid tool-call pairing on renders of recorded traces: every trace of the tests'
+fixture (tests/fixtures/traces: three tau runs, two SWE-agent demonstrations, one mini-SWE run).
 
-A sample of traces keeps this test quick; benchmarks/replay_all.py checks every trace."""
+A few traces keep this test quick; `contextrender replay` and `contextrender sweep` replay the full
+sets (../shared/traces beside a development checkout)."""
 
 from __future__ import annotations
 
@@ -13,19 +15,19 @@ from tests.conftest import TRACES, load_traces
 from tests.test_render import history_of
 
 TOK = get_tokenizer()
-SAMPLE = {"tau_bench.jsonl": [0, 150, 296], "mini_swe_agent_deepseek.jsonl": [3], "swe_agent_demos.jsonl": [0, 11]}
+FILES = sorted(p.name for p in TRACES.glob("*.jsonl"))
 
-pytestmark = pytest.mark.skipif(not TRACES.exists(), reason="../shared/traces is not beside the checkout")
+
+def test_the_fixture_holds_the_three_trace_sets():
+    assert FILES == ["mini_swe_agent_deepseek.jsonl", "swe_agent_demos.jsonl", "tau_bench.jsonl"]
 
 
 @pytest.mark.parametrize("budget", [2000, 6000])
 @pytest.mark.parametrize("omitted", ["stub", "drop"])
-@pytest.mark.parametrize("name", sorted(SAMPLE))
+@pytest.mark.parametrize("name", FILES)
 def test_every_render_fits_and_pairs(tmp_path, name, budget, omitted):
     engine = Engine(tmp_path / "store")
-    traces = load_traces(name)
-    for i in SAMPLE[name]:
-        trace = traces[i]
+    for trace in load_traces(name):
         messages = trace["messages"]
         turns = [j for j, m in enumerate(messages) if m["role"] == "assistant"]
         for j in turns:
