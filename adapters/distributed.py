@@ -115,7 +115,7 @@ class RedisLeases:
         while True:
             await asyncio.sleep(self.lease / 3)
             try:
-                if not await self.redis.eval(_RENEW, 1, key, token):
+                if not await self.redis.eval(_RENEW, 1, key, token, lease_ms):
                     logger.error("lease %s expired while its request ran (longer than CONTEXTRENDER_LOCK_LEASE "
                                  "between renewals): another process may now write the session", key)
                     return
