@@ -36,6 +36,7 @@ from typing import Any
 import jac_scale.plugin  # noqa: F401  (registers jac-scale's server class hook before ours)
 from jaclang.jac0core.runtime import hookimpl
 
+from contextrender_adapters import distributed  # issue 21 hook
 from contextrender_adapters.request_guard import REFUSED_PREFIXES, RequestGuard
 from contextrender_adapters.secret_checks import (  # noqa: F401 (PUBLIC_DEFAULT_SECRET, strength_problem: re-exported)
     PUBLIC_DEFAULT_SECRET, admin_password, check_jwt_secret, check_monitoring_password, strength_problem,
@@ -70,6 +71,8 @@ def server_class() -> type:
                 RequestGuard, fields_of=self.request_fields, admin=self.admin_password is not None,
                 root_writers=root_writers | {"delete_session"},
             ))
+            # Issue 21 hook: several processes on one store (adapters/distributed.py); nothing without Redis.
+            distributed.install(self.server.app, root_writers | {"delete_session"})
             host = os.environ.get("CONTEXTRENDER_HOST") or config.get_server_config().get("host") or "0.0.0.0"
             run_server = self.server.run_server
 
