@@ -1,7 +1,7 @@
 """Builds the wheel with the Jac engine inside it (the metadata is in pyproject.toml).
 
-The Jac modules (contextrender.jac, jac.toml, graph/, engine/, walkers/) live at the top of the
-checkout, where `jac start contextrender.jac` serves them. A wheel carries them as package data
+The Jac modules (contextrender_server.jac, jac.toml, graph/, engine/, walkers/) live at the top of the
+checkout, where `jac start contextrender_server.jac` serves them. A wheel carries them as package data
 under `contextrender_adapters/jac/` (pyproject.toml maps graph/, engine/ and walkers/ there; this
 file copies the entry module and jac.toml beside them), and, compiled by jaclang's own bundler
 (`jaclang/utils/precompile_bytecode.jac`), as `contextrender_adapters/_precompiled/cpython-3XX/`:
@@ -24,7 +24,7 @@ from setuptools.command.build_py import build_py
 
 ROOT = Path(__file__).resolve().parent
 PACKAGE = "contextrender_adapters"
-ENTRY_FILES = ("contextrender.jac", "jac.toml")
+ENTRY_FILES = ("contextrender_server.jac", "jac.toml")
 
 
 class BuildWithJac(build_py):

@@ -4,7 +4,7 @@
 A class that mixes in `EndpointMethods` implements only `_call(walker, **fields)`: the Engine
 spawns the walker on its store, the clients post the fields to `/walker/<walker>`. Adding an
 endpoint is a walker and a row here; adapters/core.py loads the walker by the row's module, and
-contextrender.jac serves it (jac-scale reads the served walkers, and their access levels, from the
+contextrender_server.jac serves it (jac-scale reads the served walkers, and their access levels, from the
 entry module's own `import from` lines; tests/test_endpoints.py checks the three agree).
 
 The row's `call` is the Python signature of the method; its parameters are the walker's request
