@@ -14,6 +14,7 @@ are the same classes (`InvalidRequest`, `UnknownSession`, `HistoryConflict`, els
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 from collections.abc import Callable
@@ -162,11 +163,21 @@ def _account(username: str, password: str) -> dict:
     return {"identities": [{"type": "username", "value": username}], "credential": {"type": "password", "password": password}}
 
 
+def _restoration(report: dict) -> Any:
+    """A restore as the Engine returns it: the engine's Restoration, built from the report's fields."""
+    from contextrender_adapters.core import Restoration
+
+    fields = [f.name for f in dataclasses.fields(Restoration)]
+    return Restoration(**{name: report[name] for name in fields if name in report})
+
+
 def _reading(walker: str) -> Callable[[Any], Any]:
     """How to read an endpoint's report: renders become `Rendered`, other values stay as sent."""
     returns = ENDPOINTS[walker].returns
     if returns == "render":
         return Rendered.from_report
+    if returns == "restoration":
+        return _restoration
     if returns == "renders":
         return lambda reports: [Rendered.from_report(r) for r in reports or []]
     return lambda report: report
