@@ -133,4 +133,3 @@ def server_class() -> type:
     return ContextRenderServer
 
 
-from contextrender_adapters.server_plugin import ServerPlugin  # noqa: E402,F401 (the entry point; re-exported)
