@@ -12,8 +12,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-# The Jac modules (graph/, walkers/) live in the project folder beside this package.
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
+# The Jac modules (graph/, engine/, walkers/): in an installed wheel under jac/ in this package
+# (setup.py), in a checkout (or an editable install) in the project folder beside it.
+_INSTALLED = Path(__file__).resolve().parent / "jac"
+PROJECT_ROOT = _INSTALLED if (_INSTALLED / "contextrender_server.jac").is_file() else Path(__file__).resolve().parent.parent
 if str(PROJECT_ROOT) not in sys.path:
     sys.path.insert(0, str(PROJECT_ROOT))
 

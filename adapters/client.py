@@ -1,4 +1,4 @@
-"""A typed client for the ContextRender server (`jac start contextrender.jac`).
+"""A typed client for the ContextRender server (`jac start contextrender_server.jac`).
 
 The same methods as the in-process `Engine`, one per endpoint (adapters/endpoints.py); errors
 are the same classes (`InvalidRequest`, `UnknownSession`, `HistoryConflict`, else
@@ -14,6 +14,8 @@ are the same classes (`InvalidRequest`, `UnknownSession`, `HistoryConflict`, els
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -35,6 +37,55 @@ ERRORS_BY_CODE = {
     "UNKNOWN_RESULT": UnknownResult,
     "HISTORY_CONFLICT": HistoryConflict,
 }
+
+
+# httpx logs every request at INFO ("HTTP Request: POST ..."): a program that logs at INFO (the
+# proxy with --server does) would log each call to the server. Left to WARNING unless the program
+# set httpx's level itself.
+if logging.getLogger("httpx").level == logging.NOTSET:
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+
+
+class ServerUnavailable(ConnectionError):
+    """No ContextRender server answers at the client's URL (refused, unresolvable, or no answer
+    within the connect timeout). The original httpx error is its `__cause__`."""
+
+
+def _unavailable(url: Any, error: Exception) -> ServerUnavailable:
+    return ServerUnavailable(
+        f"no ContextRender server answers at {url.scheme}://{url.netloc.decode()} ({type(error).__name__}: {error}); "
+        "start one with `contextrender serve`, or give the client its URL (Client(url) or $CONTEXTRENDER_URL)"
+    )
+
+
+class _Reaching(httpx.BaseTransport):
+    """The client's transport: a connection that cannot be made is a ServerUnavailable."""
+
+    def __init__(self, inner: httpx.BaseTransport) -> None:
+        self.inner = inner
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        try:
+            return self.inner.handle_request(request)
+        except (httpx.ConnectError, httpx.ConnectTimeout) as error:
+            raise _unavailable(request.url, error) from error
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+class _AsyncReaching(httpx.AsyncBaseTransport):
+    def __init__(self, inner: httpx.AsyncBaseTransport) -> None:
+        self.inner = inner
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        try:
+            return await self.inner.handle_async_request(request)
+        except (httpx.ConnectError, httpx.ConnectTimeout) as error:
+            raise _unavailable(request.url, error) from error
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
 
 
 def _base_url(base_url: str | None) -> str:
@@ -112,11 +163,21 @@ def _account(username: str, password: str) -> dict:
     return {"identities": [{"type": "username", "value": username}], "credential": {"type": "password", "password": password}}
 
 
+def _restoration(report: dict) -> Any:
+    """A restore as the Engine returns it: the engine's Restoration, built from the report's fields."""
+    from contextrender_adapters.core import Restoration
+
+    fields = [f.name for f in dataclasses.fields(Restoration)]
+    return Restoration(**{name: report[name] for name in fields if name in report})
+
+
 def _reading(walker: str) -> Callable[[Any], Any]:
     """How to read an endpoint's report: renders become `Rendered`, other values stay as sent."""
     returns = ENDPOINTS[walker].returns
     if returns == "render":
         return Rendered.from_report
+    if returns == "restoration":
+        return _restoration
     if returns == "renders":
         return lambda reports: [Rendered.from_report(r) for r in reports or []]
     return lambda report: report
@@ -147,7 +208,8 @@ class Client(_Connection):
     def __init__(self, base_url: str | None = None, *, token: str | None = None, timeout: float = 120.0,
                  transport: httpx.BaseTransport | None = None) -> None:
         """`base_url` defaults to $CONTEXTRENDER_URL, else http://127.0.0.1:8000."""
-        super().__init__(httpx.Client(base_url=_base_url(base_url), timeout=timeout, transport=transport), token)
+        super().__init__(httpx.Client(base_url=_base_url(base_url), timeout=timeout,
+                                      transport=_Reaching(transport or httpx.HTTPTransport())), token)
 
     def __enter__(self) -> Client:
         return self
@@ -182,7 +244,8 @@ class AsyncClient(_Connection):
 
     def __init__(self, base_url: str | None = None, *, token: str | None = None, timeout: float = 120.0,
                  transport: httpx.AsyncBaseTransport | None = None) -> None:
-        super().__init__(httpx.AsyncClient(base_url=_base_url(base_url), timeout=timeout, transport=transport), token)
+        super().__init__(httpx.AsyncClient(base_url=_base_url(base_url), timeout=timeout,
+                                           transport=_AsyncReaching(transport or httpx.AsyncHTTPTransport())), token)
 
     async def __aenter__(self) -> AsyncClient:
         return self

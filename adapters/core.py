@@ -19,7 +19,7 @@ _FROM: dict[str, tuple[str, ...]] = {
     # What the endpoints report (the endpoint walkers themselves come from ENDPOINTS, below).
     "walkers.ingest": ("IngestSummary",),
     "walkers.restore": ("Restoration",),
-    "engine.config": ("RenderConfig", "MIN_BUDGET"),
+    "engine.config": ("RenderConfig", "MIN_BUDGET", "check_budget"),
     "engine.plan": ("RenderResult", "ResultDecision"),
     # The selector registry (each selector says what it embeds: `embeds_results`, `embeds_query()`)
     # and the settings check against it.

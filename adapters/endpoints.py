@@ -4,7 +4,7 @@
 A class that mixes in `EndpointMethods` implements only `_call(walker, **fields)`: the Engine
 spawns the walker on its store, the clients post the fields to `/walker/<walker>`. Adding an
 endpoint is a walker and a row here; adapters/core.py loads the walker by the row's module, and
-contextrender.jac serves it (jac-scale reads the served walkers, and their access levels, from the
+contextrender_server.jac serves it (jac-scale reads the served walkers, and their access levels, from the
 entry module's own `import from` lines; tests/test_endpoints.py checks the three agree).
 
 The row's `call` is the Python signature of the method; its parameters are the walker's request
@@ -38,7 +38,7 @@ class Endpoint:
     doc: str
     # What the report is: a render (RenderResult; a client makes it a `Rendered`), a list of
     # renders, or a plain value.
-    returns: Literal["render", "renders", "value"] = "value"
+    returns: Literal["render", "renders", "restoration", "value"] = "value"
     # Parameter -> the walker field it fills, where the two names differ.
     renamed: dict[str, str] = field(default_factory=dict)
 
@@ -99,7 +99,7 @@ ENDPOINTS: dict[str, Endpoint] = {
                  """The complete stored result a stub's handle names (`r17`), recorded as a restore from the
         session's latest event: it counts as observed use at later renders. Reports a Restoration
         (the tool `message` as stored, its `handle`, `call_id`, `restores`...); a malformed handle
-        is an InvalidRequest, one not on the live history an UnknownResult."""),
+        is an InvalidRequest, one not on the live history an UnknownResult.""", "restoration"),
         Endpoint("walkers.render", "configure_session", "configure", "session_id: str, **params",
                  """Set a session's render settings (kept in the graph); reports the RenderConfig."""),
         Endpoint("walkers.sessions", "get_session", "get_session",

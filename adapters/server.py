@@ -10,7 +10,7 @@
   that names a field the walker does not have gets 400 (jac-scale would drop it silently).
 - One request at a time per session: calls on one (user, session_id) wait for each other, from
   reading the body to the last byte of the answer, so jaclang's commit is inside; different
-  sessions run in parallel. The lock is per process (README, "Security").
+  sessions run in parallel. The lock is per process (docs/server-and-security.md).
 - Only the caller's own graph: jac-scale's `POST /walker/<name>/<node_id>` routes (a walker spawned
   on any node id, another user's included) and `POST /function/<name>` routes (module functions
   such as `jobj`) are not served.
@@ -34,7 +34,6 @@ import secrets
 from typing import Any
 
 import jac_scale.plugin  # noqa: F401  (registers jac-scale's server class hook before ours)
-from jaclang.jac0core.runtime import hookimpl
 
 from contextrender_adapters import distributed  # issue 21 hook
 from contextrender_adapters.request_guard import REFUSED_PREFIXES, RequestGuard
@@ -89,6 +88,9 @@ def server_class() -> type:
 
             self.server.run_server = serve
 
+        def _print_startup_banner(self, dev: bool, no_client: bool) -> None:
+            """jac-scale prints a start-up banner and jaclang prints its own after it: one is enough."""
+
         def register_admin_endpoints(self) -> None:
             super().register_admin_endpoints()
             self.settle_admin_account()
@@ -134,8 +136,3 @@ def server_class() -> type:
     return ContextRenderServer
 
 
-class ServerPlugin:
-    @staticmethod
-    @hookimpl
-    def get_api_server_class() -> type:
-        return server_class()

@@ -139,7 +139,7 @@ class Store:
 
 
 class Server:
-    """`jac start contextrender.jac` on a copy of the project, with a logged-in client."""
+    """`jac start contextrender_server.jac` on a copy of the project, with a logged-in client."""
 
     def __init__(self, workdir: Path, cache_mb: float) -> None:
         from jacserver import JacServer

@@ -94,17 +94,23 @@ def _plan(args: argparse.Namespace) -> tuple[list[str], dict[str, Any]] | None:
     """The selectors to replay (`full` added: the cost reference) and the render settings, each
     checked by the engine's own rules (unknown names, bad values, a summary selector without a
     model); None after printing what to fix."""
-    from contextrender_adapters.core import InvalidRequest, render_settings
+    from contextrender_adapters.core import InvalidRequest, check_budget, render_settings
 
     selectors = args.selectors or list(registered_selectors())
     if "full" not in selectors:
         selectors = ["full"] + selectors
     settings = _settings(args)
+    budgets = getattr(args, "budgets", None) or [*getattr(args, "tau_budgets", ()), *getattr(args, "swe_budgets", ())]
     try:
+        for budget in budgets:
+            check_budget(budget)
         for name in selectors:
             render_settings(settings, {"selector": name})
     except InvalidRequest as bad:
-        print(f"error: {bad}", file=sys.stderr)
+        message = str(bad)
+        if "summariser" in message:
+            message += " (on the command line: --summariser offline)"
+        print(f"error: {message}", file=sys.stderr)
         return None
     return selectors, settings
 

@@ -50,7 +50,7 @@ RENDER_PATH = (
 def modules() -> dict[str, Path]:
     """Module name (folder/stem, folder/package/stem for a subpackage's modules, folder/package
     for its __init__; the entry module's stem) -> its declaration file."""
-    found = {"contextrender": ROOT / "contextrender.jac"}
+    found = {"contextrender": ROOT / "contextrender_server.jac"}
     for folder in FOLDERS:
         for path in sorted((ROOT / folder).rglob("*")):
             if path.suffix not in (".jac", ".py") or path.name.endswith(".impl.jac"):
@@ -158,7 +158,7 @@ def dot(graph: dict[str, set[str]]) -> str:
             lines.append(f'  subgraph "cluster_{folder}" {{ label="{titles[folder]}"; style=rounded; color="#bbbbbb";')
             lines += [f'    "{n}" [label="{n.split("/")[1]}"];' for n in members]
             lines.append("  }")
-    lines.append('  "contextrender" [label="contextrender.jac\\n(jac start)", fillcolor="#eef5ff"];')
+    lines.append('  "contextrender" [label="contextrender_server.jac\\n(jac start)", fillcolor="#eef5ff"];')
     for source in sorted(graph):
         for target in sorted(graph[source]):
             lines.append(f'  "{source}" -> "{target}";')

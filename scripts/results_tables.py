@@ -1,4 +1,4 @@
-"""The README's Results tables (recall, both cost ratios, cache hits, re-renders) from a sweep's raw
+"""The tables of docs/results.md (recall, both cost ratios, cache hits, re-renders) from a sweep's raw
 files, one column per trace set and budget:
 
     .venv/bin/python scripts/results_tables.py docs/results/raw

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Creates .venv with Python 3.12 and installs ContextRender with its pinned stack (idempotent).
+# Creates .venv with Python 3.12 and installs ContextRender with every extra, on the tested stack
+# (constraints.txt; idempotent).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # One run at a time: `serve.sh` and `test.sh` started together would both create .venv and run pip
@@ -29,9 +30,10 @@ find_python() {
 if [ ! -x .venv/bin/python ]; then
     "$(find_python)" -m venv .venv
 fi
-stamp=.venv/.installed-$(sha1sum pyproject.toml | cut -c1-12)
+stamp=.venv/.installed-$(cat pyproject.toml constraints.txt | sha1sum | cut -c1-12)
 if [ ! -f "$stamp" ]; then
     .venv/bin/python -m pip install --quiet --upgrade pip
-    .venv/bin/python -m pip install --quiet -e ".[test]"
+    # Every extra the tests need, at the exact versions they were run with (constraints.txt).
+    .venv/bin/python -m pip install --quiet -e ".[test]" -c constraints.txt
     touch "$stamp"
 fi

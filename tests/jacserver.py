@@ -1,4 +1,4 @@
-"""A real `jac start contextrender.jac` server for tests, on a copy of the project in a temp dir
+"""A real `jac start contextrender_server.jac` server for tests, on a copy of the project in a temp dir
 (its own store), on a free loopback port."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from contextrender_adapters.fakeupstream import free_port
 
 REPO = Path(__file__).resolve().parent.parent
 JAC = Path(sys.executable).parent / "jac"
-SERVED = ("contextrender.jac", "jac.toml", "graph", "engine", "walkers")
+SERVED = ("contextrender_server.jac", "jac.toml", "graph", "engine", "walkers")
 START_TIMEOUT = 240.0
 
 
@@ -42,7 +42,7 @@ class JacServer:
     def start(self) -> JacServer:
         log = open(self.log, "ab")
         self.process = subprocess.Popen(
-            [str(JAC), "start", "contextrender.jac", "--no_client", "-p", str(self.port)],
+            [str(JAC), "start", "contextrender_server.jac", "--no_client", "-p", str(self.port)],
             cwd=self.workdir, env=self.env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
         )
         deadline = time.monotonic() + START_TIMEOUT

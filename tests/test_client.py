@@ -54,3 +54,13 @@ def test_the_server_url_comes_from_the_environment(monkeypatch):
     monkeypatch.setenv("CONTEXTRENDER_URL", "http://elsewhere:9999")
     assert str(Client().http.base_url) == "http://elsewhere:9999"
     assert str(Client("http://given:1").http.base_url) == "http://given:1"
+
+
+def test_no_server_at_the_url_is_a_server_unavailable_naming_it():
+    from contextrender_adapters.client import ServerUnavailable
+    from contextrender_adapters.loopback import free_port
+
+    url = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    with pytest.raises(ServerUnavailable, match=f"no ContextRender server answers at {url}") as raised:
+        Client(url).list_sessions()
+    assert isinstance(raised.value.__cause__, httpx.ConnectError)

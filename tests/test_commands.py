@@ -55,3 +55,29 @@ def test_replay_of_recorded_traces_end_to_end(capsys):
     assert row(rows, "prune", 1000)["recall"] <= row(rows, "prune", 3000)["recall"]
     traces = load_traces([tau, demos], limit=1)
     assert [t["dataset"] for t in traces] == ["tau_bench", "swe_agent_demos"]
+
+
+def test_replay_names_the_flag_for_an_offline_summariser(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(compact, "compact_llm", None)
+    path = tmp_path / "t.jsonl"
+    path.write_text(json.dumps(hand_trace()) + "\n")
+    assert main(["replay", str(path), "--budget", "300", "--selector", "compact", "--no-progress"]) == 2
+    assert "--summariser offline" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("flags", "said"), [
+    (["--budget", "10"], "budget must be an integer number of tokens >= 64"),
+    (["--budget", "6000", "--selector", "contextrendr"], "contextrendr"),
+])
+def test_the_proxy_refuses_a_bad_setting_at_start_with_the_engines_message(flags, said, capsys):
+    # Before this check the proxy started and forwarded every request unmanaged.
+    code = main(["proxy", "--upstream", "http://127.0.0.1:9/v1", "--port", "1", *flags])
+    assert code == 2
+    assert said in capsys.readouterr().err
+
+
+def test_replay_refuses_a_bad_budget(tmp_path, capsys):
+    path = tmp_path / "t.jsonl"
+    path.write_text(json.dumps(hand_trace()) + "\n")
+    assert main(["replay", str(path), "--budget", "10", "--selector", "prune", "--no-progress"]) == 2
+    assert "budget must be" in capsys.readouterr().err

@@ -32,8 +32,8 @@ SAMPLES = {
 
 
 def served_walkers() -> dict[str, type]:
-    """The walkers `jac start contextrender.jac` serves, found as jaclang's server finds them."""
-    return ModuleIntrospector(module_name="contextrender", base_path=str(REPO)).get_walkers()
+    """The walkers `jac start contextrender_server.jac` serves, found as jaclang's server finds them."""
+    return ModuleIntrospector(module_name="contextrender_server", base_path=str(REPO)).get_walkers()
 
 
 def call_every_method(target: object) -> list:
@@ -62,7 +62,7 @@ def test_the_table_is_what_the_server_serves():
 
 
 def test_only_health_is_served_without_a_login():
-    introspector = ModuleIntrospector(module_name="contextrender", base_path=str(REPO))
+    introspector = ModuleIntrospector(module_name="contextrender_server", base_path=str(REPO))
     introspector.get_walkers()
     assert [name for name in ENDPOINTS if not introspector.is_auth_required_for_walker(name)] == ["health"]
 

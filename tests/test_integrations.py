@@ -1,4 +1,4 @@
-"""The README's integration recipes, each run for real on loopback: the OpenAI Python SDK and
+"""The integration recipes (docs/proxy-and-protocols.md), each run for real on loopback: the OpenAI Python SDK and
 litellm through the proxy, the OpenClaw provider entry, and the opencode plugin run by Node."""
 
 from __future__ import annotations
@@ -96,7 +96,7 @@ def test_openclaw_provider_entry_points_at_the_proxy_and_its_api_works(proxy_url
     config = json.loads((ROOT / "integrations" / "openclaw" / "openclaw.json").read_text())
     provider = config["models"]["providers"]["contextrender"]
     assert provider["api"] == "openai-completions"
-    assert provider["baseUrl"] == "http://127.0.0.1:8800/v1"  # the README's `contextrender proxy --port 8800`
+    assert provider["baseUrl"] == "http://127.0.0.1:8800/v1"  # the recipe's `contextrender proxy --port 8800`
     model = provider["models"][0]
     assert config["agents"]["defaults"]["model"]["primary"] == f"contextrender/{model['id']}"
     # "openai-completions": OpenAI chat completions at baseUrl, streamed, with the key as a bearer token.

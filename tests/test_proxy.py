@@ -89,7 +89,7 @@ def test_history_is_rendered_within_budget_and_everything_else_is_forwarded(engi
     # The rendered list is the engine's render of this session.
     assert rendered == engine.render("run-1", messages, budget=BUDGET).messages
     # Every other field and header forwarded unchanged (results were omitted, so the tools gain
-    # the restore tool: README, "Restores"); the session header is the proxy's own.
+    # the restore tool: docs/restores.md); the session header is the proxy's own.
     assert {k: v for k, v in sent.items() if k not in ("messages", "tools")} == {k: v for k, v in body.items() if k not in ("messages", "tools")}
     assert sent["tools"] == TOOLS + [restore_tool()]
     assert list(sent) == list(body)

@@ -7,10 +7,11 @@ import json
 import re
 import sqlite3
 import uuid
+from typing import Any
 
 import pytest
 
-from contextrender_adapters import Engine, InvalidRequest, UnknownResult, UnknownSession
+from contextrender_adapters import Engine, InvalidRequest, Restoration, UnknownResult, UnknownSession
 from contextrender_adapters.checks import pairing_problems
 from contextrender_adapters.client import AsyncClient, Client
 from engine.measure import get_tokenizer
@@ -262,7 +263,8 @@ def test_the_server_endpoint(carol):
     rendered = carol.render("s", messages, budget=BUDGET, **PAPER)
     assert any(m["content"].endswith('handle "r7".]') for m in rendered.messages if m["role"] == "tool")
     restored = carol.restore("s", "r7")
-    assert restored["message"] == messages[15] and restored["restores"] == 1 and restored["recorded"] is True
+    assert isinstance(restored, Restoration)  # the type Engine.restore returns
+    assert restored.message == messages[15] and restored.restores == 1 and restored.recorded is True
     assert carol.get_session("s")["restores"] == 1
     kinds = [e["kind"] for e in carol.export_graph("s")["edges"]]
     assert kinds.count("Restored") == 1
@@ -290,8 +292,8 @@ def test_the_async_client_restores(jac_server, carol):
 
     carol.render("async", session(size=40), budget=BUDGET, **PAPER)
 
-    async def run() -> dict:
+    async def run() -> Any:
         async with AsyncClient(jac_server.url, token=carol.token) as client:
             return await client.restore("async", "r2")
 
-    assert asyncio.run(run())["message"]["tool_call_id"] == "c1"
+    assert asyncio.run(run()).message["tool_call_id"] == "c1"

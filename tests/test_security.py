@@ -160,7 +160,7 @@ def test_weak_secrets_are_refused(monkeypatch):
 def test_the_server_refuses_to_start_with_a_weak_admin_password(tmp_path):
     # As it does for a weak JWT secret (the same check, tested above without a server start).
     server = JacServer(tmp_path / "weak", CONTEXTRENDER_ADMIN_PASSWORD="changeme")
-    done = subprocess.run([str(JAC), "start", "contextrender.jac", "--no_client", "-p", str(server.port)],
+    done = subprocess.run([str(JAC), "start", "contextrender_server.jac", "--no_client", "-p", str(server.port)],
                           cwd=server.workdir, env=server.env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=300)
     output = done.stdout + done.stderr
     assert done.returncode != 0 and "CONTEXTRENDER_ADMIN_PASSWORD is a well-known default" in output, output[-2000:]

@@ -204,7 +204,7 @@ def test_jac_dot_draws_the_session_graph(jac_server, alice, tmp_path):
     alice.ingest("drawn", conversation(5))
     session_id = next(n["id"] for n in alice.export_graph("drawn")["nodes"] if n["kind"] == "Session")
     out = tmp_path / "graph.dot"
-    done = subprocess.run([str(JAC), "dot", "contextrender.jac", "-i", f"session_node('{session_id}')", "-o", str(out)],
+    done = subprocess.run([str(JAC), "dot", "contextrender_server.jac", "-i", f"session_node('{session_id}')", "-o", str(out)],
                           cwd=jac_server.workdir, env=jac_server.env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     dot = out.read_text()
@@ -254,7 +254,7 @@ def test_jaclang_loads_the_server_plugin_from_its_entry_point():
             "print(plugin_manager.hook.get_api_server_class().__name__)")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "ContextRenderServer"
-    assert "contextrender_adapters" not in (REPO / "contextrender.jac").read_text()
+    assert "contextrender_adapters" not in (REPO / "contextrender_server.jac").read_text()
 
 
 def test_a_weak_jwt_secret_stops_the_server(tmp_path):

@@ -25,7 +25,7 @@ message normal form (OpenAI chat-completions messages) and the rendered history 
 For chat completions, when the render omitted or compacted a result, the forwarded request also
 offers the tool `contextrender_restore`: the proxy answers the model's restore calls itself from
 the store and asks the upstream again, up to `restore_rounds` times, so the agent gets one
-ordinary answer (`restore_loop.py` says how an answer is read; README, "Restores").
+ordinary answer (`restore_loop.py` says how an answer is read; docs/restores.md).
 
 If the backend fails, the proxy logs it once per session and forwards the original request
 (fail-open), unless it was created with `fail_closed=True`: then it answers with the error (the

@@ -7,6 +7,7 @@ import argparse
 import importlib
 import logging
 import os
+import sys
 from typing import Any
 
 from contextrender_adapters.proxy.app import DEFAULT_SELECTOR, create_app
@@ -39,18 +40,28 @@ def _backend(args: argparse.Namespace) -> Backend:
     return Engine(args.store)
 
 
+def _refuse(message: str) -> int:
+    """A setting the proxy cannot start with: the message on stderr, exit status 2 (as argparse)."""
+    print(f"contextrender proxy: error: {message}", file=sys.stderr)
+    return 2
+
+
 def run(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from contextrender_adapters.core import SELECTORS
+    from contextrender_adapters.core import InvalidRequest, check_budget, render_settings
 
-    if args.selector not in SELECTORS:
-        # Checked here: once serving, a bad selector would fail every request open.
-        raise SystemExit(f"contextrender proxy: unknown selector {args.selector!r}; known: {', '.join(SELECTORS)}")
+    # Checked before serving, by the engine's own rules: once serving, a bad budget or selector
+    # would fail every request open (forwarded unmanaged).
+    try:
+        check_budget(args.budget)
+        render_settings({"selector": args.selector})
+    except InvalidRequest as bad:
+        return _refuse(f"{bad} (--budget / --selector)")
+    if args.restore_rounds < 0:
+        return _refuse(f"--restore-rounds must be >= 0 (got {args.restore_rounds})")
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    if args.restore_rounds < 0:
-        raise SystemExit(f"contextrender proxy: --restore-rounds must be >= 0 (got {args.restore_rounds})")
     app = create_app(_backend(args), args.upstream, args.budget, args.selector, args.fail_closed, args.upstream_timeout,
                      args.restore_rounds)
     where = f"server {args.server}" if args.server else f"store {os.path.abspath(args.store)}"

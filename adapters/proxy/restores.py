@@ -1,7 +1,7 @@
 """Restore rounds for chat completions, their I/O: the request goes upstream with the restore tool
 offered, the proxy answers the model's restore calls from the store and asks again (up to the
 proxy's `restore_rounds`), and the agent gets the one answer that is its own, whole or streamed
-(README, "Restores"). How an answer is read, and the messages of a round, are `restore_loop.py`."""
+(docs/restores.md). How an answer is read, and the messages of a round, are `restore_loop.py`."""
 
 from __future__ import annotations
 
