@@ -323,3 +323,89 @@ def test_the_server_inspector_shows_the_logged_in_users_own_sessions(browser, ja
     wait_for(browser, "#sessions")
     browser.find_element("id", "logout").click()
     wait_for(browser, "#login")
+
+
+# ---------------------------------------------------------------- the render log and the picture, in-process
+
+
+def reads(count: int) -> list[dict]:
+    messages = [{"role": "system", "content": "agent"}, user("The invoice totals are wrong: find why.")]
+    for i in range(count):
+        messages.append(assistant(f"Reading part {i}.", call(f"read_{i}", "read_file", {"path": f"billing/part_{i}.py"})))
+        messages.append(tool(f"read_{i}", file_body(i)))
+    return messages
+
+
+def test_the_render_log_keeps_what_each_render_sent(engine):
+    engine.configure("log", **SETTINGS)
+    sent = []
+    for i in range(1, READS + 1):
+        sent.append(engine.render("log", reads(i), budget=BUDGET))
+    grep = [assistant("ledger_0_3?", call("grep_0", "grep", {"pattern": "ledger_0_3"})), tool("grep_0", "part_0: ledger_0_3")]
+    sent.append(engine.render("log", reads(READS) + grep, budget=BUDGET))  # small enough to append
+    log = engine.inspect("log")["renders"]
+    assert [r["n"] for r in log] == list(range(1, READS + 2))
+    assert [r["mode"] for r in log] == [s.mode for s in sent]
+    assert [(r["history_tokens"], r["full_history_tokens"], r["kept"], r["omitted"]) for r in log] == [
+        (s.history_tokens, s.full_history_tokens, s.kept, s.omitted) for s in sent]
+    # Statuses: one per result of the render, as many kept and omitted as it counted.
+    for r in log:
+        detail = engine.inspect("log", render=r["n"])
+        statuses = [x["status"] for x in detail["results"]]
+        assert statuses.count("kept") == r["kept"] and statuses.count("omitted") == r["omitted"]
+        assert statuses.count("not rendered") == READS + 1 - r["results"]
+    # The cache: an append repeats the whole previous request; a re-render shares less of it.
+    for before, now in zip(log, log[1:]):
+        assert 0 <= now["cached_tokens"] <= now["history_tokens"]
+        if now["mode"] in ("append", "passthrough"):
+            assert now["cached_tokens"] >= before["history_tokens"]
+        assert now["cost"] <= now["full_cost"] or now["mode"] == "passthrough"
+    assert log[0]["cached_tokens"] is None and log[0]["cache_share"] is None  # no request before it
+    assert {"append", "re-render"} <= {r["mode"] for r in log}
+    # The same history again (a retried call) adds nothing; a new budget is a new render.
+    engine.render("log", reads(READS) + grep, budget=BUDGET)
+    assert len(engine.inspect("log")["renders"]) == READS + 1
+    engine.render("log", reads(READS) + grep, budget=BUDGET + 1)
+    assert [r["budget"] for r in engine.inspect("log")["renders"]][-2:] == [BUDGET, BUDGET + 1]
+
+
+def test_the_log_keeps_the_latest_renders_and_refuses_a_render_it_does_not_keep(engine):
+    from walkers.renderlog import RENDER_LOG
+
+    messages = reads(2)
+    for i in range(RENDER_LOG + 3):
+        engine.render("many", messages, budget=1000 + i)
+    log = engine.inspect("many")["renders"]
+    assert len(log) == RENDER_LOG and log[0]["n"] == 4 and log[-1]["n"] == RENDER_LOG + 3
+    from contextrender_adapters.core import InvalidRequest
+
+    with pytest.raises(InvalidRequest, match=r"keeps no render #2 \(renders kept: 4 to"):
+        engine.inspect("many", render=2)
+    with pytest.raises(InvalidRequest, match="render must be"):
+        engine.inspect("many", render=-1)
+    engine.ingest("unrendered", [user("hi")])
+    empty = engine.inspect("unrendered")
+    assert empty["renders"] == [] and empty["render"] is None and empty["results"] == []
+
+
+def test_the_graph_picture_draws_the_chain_with_statuses_reuse_and_restores(engine):
+    engine.configure("pic", **SETTINGS)
+    messages = reads(READS)
+    engine.render("pic", messages, budget=BUDGET)
+    messages += [assistant("ledger_0_3 is wrong", call("grep_0", "grep", {"pattern": "ledger_0_3"})), tool("grep_0", "part_0: ledger_0_3")]
+    rendered = engine.render("pic", messages, budget=BUDGET, explain=True)
+    omitted = [d.handle for d in rendered.decisions if d.status == "omitted"]
+    engine.restore("pic", omitted[0])
+    dot = engine.export_graph("pic", format="dot")["dot"]
+    for d in rendered.decisions:
+        assert f"{d.handle} {d.tool_name}\\n{d.tokens} tok · {d.status}" in dot
+    assert "reuses w=" in dot and "ledger_0_3" in dot and "restore at turn" in dot and "cluster_legend" in dot
+    assert "shelf" not in dot and "Session" not in dot
+    svg = engine.export_graph("pic", format="svg")["svg"]
+    assert svg.lstrip().startswith("<?xml") and "<svg" in svg and f">{omitted[0]} read_file</text>" in svg
+    small = engine.export_graph("pic", format="dot", limit=3)["dot"]
+    assert f"{len(messages) - 1 - 3} earlier events not drawn" in small and "#0 user" not in small
+    from contextrender_adapters.core import InvalidRequest
+
+    with pytest.raises(InvalidRequest, match="json, dot, svg, jac-dot"):
+        engine.export_graph("pic", format="png")

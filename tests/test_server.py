@@ -85,8 +85,11 @@ def test_session_endpoints(alice):
     assert {"Session", "Message", "ToolCall", "ToolResult"} <= kinds
     reuses = [e for e in graph["edges"] if e["kind"] == "Reuses"]
     assert reuses and all(e["values"] for e in reuses)
-    dot = alice.export_graph("s-endpoints", format="dot")["dot"]
+    dot = alice.export_graph("s-endpoints", format="jac-dot")["dot"]
     assert dot.startswith("digraph") and "reuses ITEM_0003_SKU" in dot and "result r1 of lookup" in dot
+    # The picture for people (walkers/picture.jac): the chain only, reuse edges with their values.
+    people = alice.export_graph("s-endpoints", format="dot")["dot"]
+    assert people.startswith("digraph") and "r1 lookup" in people and "ITEM_0003_SKU" in people and "shelf" not in people
     deleted = alice.delete_session("s-endpoints")
     assert deleted["deleted"] and deleted["nodes"] == len(graph["nodes"])
     with pytest.raises(UnknownSession):
