@@ -79,6 +79,7 @@ def browser(tmp_path_factory):
 
 def wait_for(driver, css: str, text: str = "") -> list:
     """The elements `css` finds once one of them is drawn (and holds `text`, when given)."""
+    from selenium.common.exceptions import StaleElementReferenceException
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
@@ -86,7 +87,9 @@ def wait_for(driver, css: str, text: str = "") -> list:
         elements = d.find_elements(By.CSS_SELECTOR, css)
         return elements if elements and (not text or any(text in e.text for e in elements)) else False
 
-    return WebDriverWait(driver, WAIT, poll_frequency=0.1).until(found, f"{css!r} with {text!r} never drawn")
+    # An element found while the page replaced its view is stale: look again.
+    wait = WebDriverWait(driver, WAIT, poll_frequency=0.1, ignored_exceptions=(StaleElementReferenceException,))
+    return wait.until(found, f"{css!r} with {text!r} never drawn")
 
 
 def cells(driver, table: str) -> list[dict]:
