@@ -128,7 +128,7 @@ def test_bad_input_gets_4xx_and_changes_nothing(jac_server, alice):
         "bad role": (lambda: alice.ingest("guarded", [{"role": "robot", "content": "x"}], append=True), InvalidRequest, "role"),
         "rewrite with reject": (lambda: alice.render("guarded", [user("different start")], budget=500, on_rewrite="reject"), HistoryConflict, "rewrite"),
         "unknown session": (lambda: alice.export_graph("never-made"), UnknownSession, "no session"),
-        "export format": (lambda: alice.export_graph("guarded", format="svg"), InvalidRequest, "format must be"),
+        "export format": (lambda: alice.export_graph("guarded", format="png"), InvalidRequest, "format must be"),
         "variant not an object": (lambda: alice.render_variants("guarded", ["prune"]), InvalidRequest, "variants must be"),
     }
     for name, (attempt, error, words) in bad_calls.items():
