@@ -109,7 +109,13 @@ ENDPOINTS: dict[str, Endpoint] = {
                  """The caller's sessions, oldest first."""),
         Endpoint("walkers.sessions", "export_graph", "export_graph",
                  "session_id: str, *, format: str = 'json', limit: int = 2000",
-                 """The session graph as JSON (nodes, edges) or as Graphviz DOT (key "dot")."""),
+                 """The session graph as JSON (nodes, edges), its chain drawn for people as Graphviz
+        DOT (format "dot", key "dot") or SVG ("svg", key "svg"; needs Graphviz), or jaclang's own
+        picture of every node below the session ("jac-dot", key "dot")."""),
+        Endpoint("walkers.inspector", "inspect_session", "inspect", "session_id: str, *, render: int = 0",
+                 """What the session inspector shows (docs/inspector.md): the session, its render
+        timeline, and every result with its status in render number `render` (0: the last),
+        score terms and reason (last render), reuse edges and restores."""),
         Endpoint("walkers.sessions", "delete_session", "delete_session", "session_id: str",
                  """Delete a session and everything stored under it."""),
         Endpoint("walkers.sessions", "health", "health", "",

@@ -123,6 +123,12 @@ def server_class() -> type:
             refused = tuple(REFUSED_PREFIXES) + (() if self.admin_password is not None else ("/admin",))
             self.server._endpoints[:] = [e for e in self.server._endpoints
                                          if not e.path.startswith(refused) and not e.path.endswith("/{nd}")]
+            # Session inspector (issue 22): the page and its files at /contextrender/; its data
+            # comes from POST /walker/<name> with the token of the user who logs in on it.
+            from contextrender_adapters import inspector
+
+            for path, handler in inspector.server_routes():
+                self.server.app.add_api_route(path, handler, methods=["GET"], include_in_schema=False)
 
         def request_fields(self, walker: str, caller: str | None) -> set[str] | None:
             """The fields a request to `walker` may name (its `has` fields); None for no such walker,

@@ -30,6 +30,23 @@ find_python() {
 if [ ! -x .venv/bin/python ]; then
     "$(find_python)" -m venv .venv
 fi
+# System tools some parts need, from Debian's packages, installed when missing and we are root with
+# apt-get: Graphviz's `dot` (export_graph format "svg", the inspector's graph view) and headless
+# Chromium with its driver (tests/test_inspector.py). Elsewhere: a note, and those parts say what
+# is missing when used.
+missing=()
+command -v dot >/dev/null 2>&1 || missing+=(graphviz)
+command -v chromium >/dev/null 2>&1 || missing+=(chromium)
+command -v chromedriver >/dev/null 2>&1 || missing+=(chromium-driver)
+if [ ${#missing[@]} -gt 0 ]; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+        echo "scripts/setup.sh: installing ${missing[*]} (apt-get)" >&2
+        apt-get update -qq
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+    else
+        echo "scripts/setup.sh: not installed: ${missing[*]} (the inspector's graph view and browser tests need them)" >&2
+    fi
+fi
 stamp=.venv/.installed-$(cat pyproject.toml constraints.txt | sha1sum | cut -c1-12)
 if [ ! -f "$stamp" ]; then
     .venv/bin/python -m pip install --quiet --upgrade pip

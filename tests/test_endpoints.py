@@ -167,6 +167,7 @@ def test_every_engine_method_runs_in_process(engine):
     assert outcomes["get_session"]["session_id"] == "s1"
     assert [s["session_id"] for s in outcomes["list_sessions"]] == ["s1"]
     assert outcomes["export_graph"]["nodes"]
+    assert [r["mode"] for r in outcomes["inspect_session"]["renders"]][-1] == outcomes["explain_render"].mode
     assert outcomes["health"]["status"] == "ok"
     assert outcomes["delete_session"]["deleted"] > 0
     assert engine.list_sessions() == []

@@ -85,8 +85,11 @@ def test_session_endpoints(alice):
     assert {"Session", "Message", "ToolCall", "ToolResult"} <= kinds
     reuses = [e for e in graph["edges"] if e["kind"] == "Reuses"]
     assert reuses and all(e["values"] for e in reuses)
-    dot = alice.export_graph("s-endpoints", format="dot")["dot"]
+    dot = alice.export_graph("s-endpoints", format="jac-dot")["dot"]
     assert dot.startswith("digraph") and "reuses ITEM_0003_SKU" in dot and "result r1 of lookup" in dot
+    # The picture for people (walkers/picture.jac): the chain only, reuse edges with their values.
+    people = alice.export_graph("s-endpoints", format="dot")["dot"]
+    assert people.startswith("digraph") and "r1 lookup" in people and "ITEM_0003_SKU" in people and "shelf" not in people
     deleted = alice.delete_session("s-endpoints")
     assert deleted["deleted"] and deleted["nodes"] == len(graph["nodes"])
     with pytest.raises(UnknownSession):
@@ -125,7 +128,7 @@ def test_bad_input_gets_4xx_and_changes_nothing(jac_server, alice):
         "bad role": (lambda: alice.ingest("guarded", [{"role": "robot", "content": "x"}], append=True), InvalidRequest, "role"),
         "rewrite with reject": (lambda: alice.render("guarded", [user("different start")], budget=500, on_rewrite="reject"), HistoryConflict, "rewrite"),
         "unknown session": (lambda: alice.export_graph("never-made"), UnknownSession, "no session"),
-        "export format": (lambda: alice.export_graph("guarded", format="svg"), InvalidRequest, "format must be"),
+        "export format": (lambda: alice.export_graph("guarded", format="png"), InvalidRequest, "format must be"),
         "variant not an object": (lambda: alice.render_variants("guarded", ["prune"]), InvalidRequest, "variants must be"),
     }
     for name, (attempt, error, words) in bad_calls.items():

@@ -17,7 +17,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
 
-from contextrender_adapters import anthropic, responses, restore_loop
+from contextrender_adapters import anthropic, inspector, responses, restore_loop
 from contextrender_adapters.core import InvalidRequest
 from contextrender_adapters.proxy.chat import CHAT
 from contextrender_adapters.proxy.interfaces import Backend, Format, field
@@ -224,11 +224,13 @@ def create_app(
     fail_closed: bool = False,
     upstream_timeout: float | None = None,
     restore_rounds: int = DEFAULT_RESTORE_ROUNDS,
+    inspect: bool = True,
 ) -> FastAPI:
     """The proxy as an ASGI app (serve it with uvicorn). `backend` is an `Engine` or a `Client`.
     `upstream_timeout`: seconds of upstream silence before a 504 (default
     $CONTEXTRENDER_UPSTREAM_TIMEOUT or 600). `restore_rounds`: restore rounds one chat-completions
-    request may take (0: the restore tool is never offered)."""
+    request may take (0: the restore tool is never offered). `inspect`: serve the session inspector at
+    /contextrender/ (loopback clients only; adapters/inspector.py)."""
     if not isinstance(budget, int) or budget <= 0:
         raise ValueError(f"budget must be a positive number of tokens (got {budget!r})")
     if not isinstance(restore_rounds, int) or restore_rounds < 0:
@@ -260,6 +262,8 @@ def create_app(
     app.add_api_route("/v1/chat/completions", proxy.chat_completions, methods=["POST"])
     app.add_api_route("/v1/messages", proxy.messages, methods=["POST"])
     app.add_api_route("/v1/responses", proxy.responses, methods=["POST"])
+    if inspect:  # the session inspector (issue 22), before the passthrough route below
+        app.include_router(inspector.proxy_router(backend))
 
     async def passthrough(request: Request, path: str) -> Response:
         # Anthropic's other paths (count_tokens, batches) get its error shape from the proxy too.

@@ -63,10 +63,12 @@ def run(args: argparse.Namespace) -> int:
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     app = create_app(_backend(args), args.upstream, args.budget, args.selector, args.fail_closed, args.upstream_timeout,
-                     args.restore_rounds)
+                     args.restore_rounds, inspect=not args.no_inspector)
     where = f"server {args.server}" if args.server else f"store {os.path.abspath(args.store)}"
     log.info("proxy on http://%s:%d -> %s (budget %d, selector %s, restore rounds %d, %s)", args.host, args.port,
              args.upstream, args.budget, args.selector, args.restore_rounds, where)
+    if not args.no_inspector:
+        log.info("session inspector: http://127.0.0.1:%d/contextrender/ (loopback only)", args.port)
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
     return 0
 
@@ -93,4 +95,6 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--restore-rounds", type=int, default=DEFAULT_RESTORE_ROUNDS,
                         help=f"restore rounds per chat-completions request: the model may take back omitted results with the "
                              f"tool contextrender_restore, answered by the proxy (default {DEFAULT_RESTORE_ROUNDS}; 0: never offered)")
+    parser.add_argument("--no-inspector", action="store_true",
+                        help="do not serve the session inspector page at /contextrender/ (served to loopback clients only)")
     parser.set_defaults(func=run)
