@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 import engine.summaries as compact
 from contextrender_adapters.cli import main
 from contextrender_eval.replay import load_traces
