@@ -117,6 +117,7 @@ class RestoreTool:
     @staticmethod
     def _failure(handle: str, session: str, error: Exception) -> str:
         if isinstance(error, (UnknownResult, UnknownSession)):
+            log.info("contextrender: restore of %s in session %s refused (%s)", handle, session, error)
             return f"There is no stored result with handle {handle!r} in this conversation: use a handle a placeholder names."
         if isinstance(error, InvalidRequest):
             return f"{RESTORE_TOOL} could not read handle {handle!r}: {error}"
