@@ -24,6 +24,10 @@ if str(PROJECT_ROOT) not in sys.path:
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 import jaclang  # noqa: E402,F401  (installs the .jac import hook)
+# Stored nodes are rebuilt only from classes jaclang's serializer registered, and it registers a
+# class when the class is made, if the serializer is loaded by then. jac-scale's plugin loads it
+# first; without jac-scale (the engine beside Hermes) every stored session was unreadable.
+from jaclang.runtimelib import serializer as _serializer  # noqa: E402,F401
 
 _EXPORTS = {
     "Engine": "engine",

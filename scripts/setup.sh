@@ -27,6 +27,11 @@ find_python() {
     echo "Python 3.12 not found: install it (pyenv install 3.12) or set PYTHON=/path/to/python3.12" >&2
     exit 1
 }
+# The Node integrations' tests (integrations/opencode, integrations/openclaw) need Node and npm:
+# installed from Debian's packages where they are missing and this runs as root.
+if ! command -v node >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nodejs npm >/dev/null
+fi
 if [ ! -x .venv/bin/python ]; then
     "$(find_python)" -m venv .venv
 fi

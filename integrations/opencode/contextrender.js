@@ -1,10 +1,13 @@
 // ContextRender for opencode: before each model call, the session's history is rendered within a
 // token budget by a ContextRender server (`POST /walker/render_context`), through opencode's
-// `experimental.chat.messages.transform` hook.
+// `experimental.chat.messages.transform` hook; the `contextrender_restore` tool (opencode's `tool`
+// hook) lets the model take back a result a stub stands for (`POST /walker/restore_result`).
 //
-// Install: copy this file to `.opencode/plugin/contextrender.js` (or list it under "plugin" in
-// opencode.json) and switch opencode's own context management off, so that ContextRender is the
-// only thing deciding what the model sees:
+// Install: this folder is an npm package (`npm install /path/to/integrations/opencode` in
+// `.opencode/`, then list "contextrender-opencode" under "plugin" in opencode.json), or copy this
+// file to `.opencode/plugin/contextrender.js` (opencode installs @opencode-ai/plugin there itself).
+// Switch opencode's own context management off, so that ContextRender is the only thing deciding
+// what the model sees:
 //
 //   { "compaction": { "auto": false, "prune": false } }
 //
@@ -12,10 +15,19 @@
 // (a bearer token from the server's login), CONTEXTRENDER_BUDGET (tokens, default 6000),
 // CONTEXTRENDER_SELECTOR (default "contextrender").
 //
-// Fail-open: if the server cannot be reached or answers an error, the history goes unchanged.
+// Fail-open: if the server cannot be reached or answers an error, the history goes unchanged; a
+// restore then answers the model with a sentence that says so. Both are logged (console.warn).
 //
 // opencode calls every function a plugin module exports, so only the plugin is exported; its
 // helpers hang off it (ContextRender.toChat, .parseRender, .applyRender) for tests.
+
+import { tool } from "@opencode-ai/plugin"
+
+// The tool the engine's stubs name (engine/notices.jac RESTORE_TOOL) and its description.
+const RESTORE_TOOL = "contextrender_restore"
+const RESTORE_DESCRIPTION =
+  "Show again, complete, a tool result that ContextRender left out of this conversation " +
+  "to fit its history budget. The placeholder that stands for the result names its handle."
 
 /** opencode messages ({info, parts}) -> OpenAI chat-completions messages, as ContextRender stores them. */
 function toChat(messages) {
@@ -141,23 +153,63 @@ function rebuild(message, r, results) {
   return { info: message.info, parts }
 }
 
+/** The restored result's text from the server's answer to POST /walker/restore_result. */
+function parseRestore(body) {
+  const reports = body?.data?.reports ?? []
+  const message = reports[reports.length - 1]?.message
+  if (!message) throw new Error("ContextRender: no restored result in the server's answer")
+  const content = message.content
+  if (typeof content === "string") return content
+  if (Array.isArray(content)) return content.map((p) => (typeof p?.text === "string" ? p.text : "")).join("\n")
+  return String(content ?? "")
+}
+
+/** The `contextrender_restore` tool: asks the server for the stored result of the session's
+ *  handle; every failure is a sentence for the model, never a thrown error. */
+function restoreTool(post) {
+  return tool({
+    description: RESTORE_DESCRIPTION,
+    args: { handle: tool.schema.string().describe("The handle the placeholder names, such as r17.") },
+    async execute(args, context) {
+      const handle = args?.handle
+      if (typeof handle !== "string" || !handle) return `${RESTORE_TOOL} needs a handle, such as {"handle": "r17"}: the placeholder names it.`
+      try {
+        const response = await post("restore_result", { session_id: `opencode-${context.sessionID}`, handle })
+        const body = await response.json().catch(() => null)
+        const code = body?.error?.code
+        if (code === "UNKNOWN_RESULT" || code === "UNKNOWN_SESSION")
+          return `There is no stored result with handle "${handle}" in this conversation: use a handle a placeholder names.`
+        if (code === "INVALID_REQUEST") return `${RESTORE_TOOL} could not read handle "${handle}": ${body.error.message ?? ""}`
+        if (!response.ok) throw new Error(`HTTP ${response.status}: ${JSON.stringify(body)}`)
+        return parseRestore(body)
+      } catch (error) {
+        console.warn(`contextrender: restore of ${handle} failed (${error?.message ?? error})`)
+        return `ContextRender could not restore "${handle}" now; go on without it.`
+      }
+    },
+  })
+}
+
 export const ContextRender = async () => {
   const env = globalThis.process?.env ?? {}
   const url = (env.CONTEXTRENDER_URL || "http://127.0.0.1:8000").replace(/\/+$/, "")
   const token = env.CONTEXTRENDER_TOKEN || ""
   const budget = Number.parseInt(env.CONTEXTRENDER_BUDGET || "6000", 10)
   const selector = env.CONTEXTRENDER_SELECTOR || "contextrender"
+  const post = (walker, payload) =>
+    fetch(`${url}/walker/${walker}`, {
+      method: "POST",
+      headers: { "content-type": "application/json", ...(token ? { authorization: `Bearer ${token}` } : {}) },
+      body: JSON.stringify(payload),
+    })
   return {
+    tool: { [RESTORE_TOOL]: restoreTool(post) },
     "experimental.chat.messages.transform": async (_input, output) => {
       const messages = output.messages
       const sessionID = messages.find((m) => m.info?.sessionID)?.info.sessionID
       if (!sessionID || messages.length === 0) return
       try {
-        const response = await fetch(`${url}/walker/render_context`, {
-          method: "POST",
-          headers: { "content-type": "application/json", ...(token ? { authorization: `Bearer ${token}` } : {}) },
-          body: JSON.stringify({ session_id: `opencode-${sessionID}`, messages: toChat(messages), budget, selector }),
-        })
+        const response = await post("render_context", { session_id: `opencode-${sessionID}`, messages: toChat(messages), budget, selector })
         const body = await response.json().catch(() => null)
         if (!response.ok) throw new Error(`HTTP ${response.status}: ${JSON.stringify(body)}`)
         const rendered = applyRender(messages, parseRender(body))
@@ -172,3 +224,4 @@ export const ContextRender = async () => {
 ContextRender.toChat = toChat
 ContextRender.parseRender = parseRender
 ContextRender.applyRender = applyRender
+ContextRender.parseRestore = parseRestore

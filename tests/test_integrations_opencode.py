@@ -1,0 +1,155 @@
+"""The opencode plugin (integrations/opencode, an npm package on @opencode-ai/plugin 1.18.33) run
+by Node as opencode runs its hooks: the `experimental.chat.messages.transform` hook renders each
+model call's history through a real server, the `contextrender_restore` tool takes back a result a
+stub stands for, and both fail open."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from contextrender_adapters.checks import pairing_problems
+from contextrender_adapters.client import Client
+from contextrender_adapters.fakeupstream import free_port
+from engine.measure import get_tokenizer
+from engine.notices import restore_tool
+from tests.npm_package import installed
+from tests.test_proxy import BUDGET, history
+
+ROOT = Path(__file__).resolve().parent.parent
+PLUGIN = ROOT / "integrations" / "opencode" / "contextrender.js"
+TOK = get_tokenizer()
+HANDLE = re.compile(r'call contextrender_restore with handle "([rp][0-9]+)"')
+
+
+@pytest.fixture(scope="module")
+def package() -> Path:
+    return installed("opencode", "@opencode-ai/plugin")
+
+
+def opencode_session(results: int = 10, words: int = 120) -> list[dict]:
+    """An opencode session as the transform hook gets it: {info, parts} per message."""
+    session = "ses_test1"
+    messages = []
+
+    def message(role: str, parts: list[dict]) -> None:
+        mid = f"msg_{len(messages):03d}"
+        info = {"id": mid, "sessionID": session, "role": role, "time": {"created": len(messages)}}
+        for i, part in enumerate(parts):
+            part.update(id=f"prt_{mid}_{i}", sessionID=session, messageID=mid)
+        messages.append({"info": info, "parts": parts})
+
+    message("user", [{"type": "text", "text": "Fix the failing test in module_alpha."}])
+    for i in range(results):
+        output = " ".join(f"line_{i}_{j} = value_{i}_{j}" for j in range(words))
+        message("assistant", [
+            {"type": "step-start"},
+            {"type": "text", "text": f"Reading file {i}."},
+            {"type": "tool", "callID": f"toolu_{i}", "tool": "read",
+             "state": {"status": "completed", "input": {"filePath": f"src/file_{i}.py"}, "output": output,
+                       "title": f"src/file_{i}.py", "metadata": {}, "time": {"start": 0, "end": 1}}},
+        ])
+    message("user", [{"type": "text", "text": "Now write the fix."}])
+    return messages
+
+
+def calls_text_as_null(chat: list[dict]) -> list[dict]:
+    return [m | {"content": m["content"] or None} if m["role"] == "assistant" and m.get("tool_calls") else m for m in chat]
+
+
+def run_plugin(url: str, messages: list[dict], token: str, budget: int = BUDGET) -> dict:
+    env = dict(os.environ, CONTEXTRENDER_URL=url, CONTEXTRENDER_TOKEN=token, CONTEXTRENDER_BUDGET=str(budget))
+    done = subprocess.run(
+        ["node", str(PLUGIN.parent / "test" / "transform.mjs"), str(PLUGIN)],
+        input=json.dumps({"messages": messages}), capture_output=True, text=True, env=env, timeout=60, check=True,
+    )
+    return json.loads(done.stdout) | {"stderr": done.stderr}
+
+
+def test_opencode_plugin_renders_the_history_through_the_server(jac_server, package):
+    messages = opencode_session()
+    with Client(jac_server.url) as client:
+        client.register("opencode-user", "secret-password-1")
+        out = run_plugin(jac_server.url, messages, client.token)
+        sent = out["sent"]
+        assert TOK.history_tokens(history(sent)) > 4 * BUDGET
+        # What opencode now sends is exactly the server's render of the session.
+        expected = client.render("opencode-ses_test1", sent, budget=BUDGET).messages
+        # opencode has no null text: an assistant turn holding only calls comes back with "".
+        assert calls_text_as_null(out["chat"]) == expected
+        assert TOK.history_tokens(history(out["chat"])) <= BUDGET
+        assert pairing_problems(out["chat"]) == []
+        # opencode's own objects: ids kept; omitted results carry the stub as their output.
+        by_id = {m["info"]["id"]: m for m in messages}
+        stubbed = 0
+        for m in out["messages"]:
+            if m["info"]["id"] not in by_id:  # the fold marker: a synthetic user message
+                assert m["info"]["role"] == "user" and m["parts"][0]["synthetic"] is True
+                continue
+            original = by_id[m["info"]["id"]]
+            assert m["info"] == original["info"]
+            for part in m["parts"]:
+                if part["type"] == "tool":
+                    before = next(p for p in original["parts"] if p["id"] == part["id"])
+                    stubbed += part["state"]["output"] != before["state"]["output"]
+        assert stubbed > 0
+        # Fail-open: the server refuses the token, the history goes unchanged.
+        refused = run_plugin(jac_server.url, messages, token="wrong")
+        assert refused["messages"] == messages
+        assert "history sent unchanged" in refused["stderr"]
+
+
+def test_opencode_plugin_reads_the_server_envelope(package):
+    script = (
+        "import { ContextRender } from " + json.dumps(PLUGIN.as_uri()) + ";\n"
+        "const m = [{role: 'user', content: 'x'}];\n"
+        "const ok = JSON.stringify(ContextRender.parseRender({ok: true, data: {result: {}, reports: [{messages: m}]}})) === JSON.stringify(m);\n"
+        "let threw = false; try { ContextRender.parseRender({ok: false, error: {message: 'no'}}) } catch { threw = true }\n"
+        "process.stdout.write(JSON.stringify({ok, threw}));\n"
+    )
+    done = subprocess.run(["node", "--input-type=module", "-e", script], capture_output=True, text=True, timeout=30, check=True)
+    assert json.loads(done.stdout) == {"ok": True, "threw": True}
+
+
+def run_restore(url: str, token: str, handle: str, session: str = "ses_test1") -> dict:
+    env = dict(os.environ, CONTEXTRENDER_URL=url, CONTEXTRENDER_TOKEN=token)
+    done = subprocess.run(["node", str(PLUGIN.parent / "test" / "restore.mjs"), str(PLUGIN)],
+                          input=json.dumps({"handle": handle, "sessionID": session}), capture_output=True, text=True,
+                          env=env, timeout=60, check=True)
+    return json.loads(done.stdout) | {"stderr": done.stderr}
+
+
+def test_every_model_call_of_a_run_is_within_b_and_the_restore_tool_returns_the_original(jac_server, package):
+    budget = 1500
+    messages = opencode_session(results=10, words=40)
+    with Client(jac_server.url) as client:
+        client.register("opencode-restorer", "secret-password-2")
+        out = None
+        # One model call after each tool round, as opencode calls the hook.
+        for end in range(2, len(messages)):
+            prefix = [m | {"info": m["info"] | {"sessionID": "ses_run"}} for m in messages[:end]]
+            out = run_plugin(jac_server.url, prefix, client.token, budget)
+            assert TOK.history_tokens(history(out["chat"])) <= budget
+            assert pairing_problems(out["chat"]) == []
+        assert TOK.history_tokens(history(out["sent"])) > 2 * budget
+        handles = HANDLE.findall(" ".join(str(m.get("content")) for m in out["chat"]))
+        assert handles, "the last call should show stubs that name their handles"
+        outputs = {p["callID"]: p["state"]["output"] for m in messages for p in m["parts"] if p["type"] == "tool"}
+        stub = next(m for m in out["chat"] if m["role"] == "tool" and handles[0] in m["content"])
+
+        restored = run_restore(jac_server.url, client.token, handles[0], session="ses_run")
+        assert restored["output"] == outputs[stub["tool_call_id"]]
+        # opencode builds the tool's parameters from its zod `args`: one string, the handle.
+        assert restored["schema"]["properties"]["handle"]["type"] == "string"
+        assert restored["schema"]["required"] == ["handle"]
+        assert restored["description"] == restore_tool()["function"]["description"]  # the engine's text
+
+        unknown = run_restore(jac_server.url, client.token, "r99999", session="ses_run")
+        assert "no stored result" in unknown["output"]
+    down = run_restore(f"http://127.0.0.1:{free_port()}", "", handles[0], session="ses_run")
+    assert "could not restore" in down["output"] and "restore of" in down["stderr"]

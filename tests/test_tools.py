@@ -1,0 +1,56 @@
+"""The restore tool for agents that call the engine or the server themselves (adapters/tools.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+
+from contextrender_adapters.client import Client
+from contextrender_adapters.fakeupstream import free_port
+from contextrender_adapters.tools import RESTORE_TOOL, restore_tool
+from tests.conftest import assistant, call, tool, user
+
+HANDLE = re.compile(r'handle "([rp][0-9]+)"')
+
+
+def long_run(results: int = 8) -> list[dict]:
+    messages = [user("Read the files.")]
+    for i in range(results):
+        messages.append(assistant(f"Reading {i}.", call(f"c{i}", "read_file", {"path": f"f{i}.py"})))
+        messages.append(tool(f"c{i}", " ".join(f"f{i}_line_{j} = v{j}" for j in range(60))))
+    return messages
+
+
+def test_the_tool_the_stubs_name_answers_with_the_stored_result(engine):
+    messages = long_run()
+    for end in range(3, len(messages) + 1, 2):  # rendered at every model call, as an agent does
+        rendered = engine.render("run-t", messages[:end], budget=1500)
+    stubs = [m for m in rendered.messages if m["role"] == "tool" and HANDLE.search(m["content"])]
+    assert stubs and RESTORE_TOOL in stubs[0]["content"]
+    handle = HANDLE.search(stubs[0]["content"]).group(1)
+    original = next(m["content"] for m in messages if m.get("tool_call_id") == stubs[0]["tool_call_id"])
+
+    restore = restore_tool(engine, "run-t")
+    assert restore.name == RESTORE_TOOL == restore.schema["function"]["name"]
+    assert restore.parameters["required"] == ["handle"]
+    assert restore(handle) == original
+    answer = restore.answer(call("x1", RESTORE_TOOL, {"handle": handle}))
+    assert answer == {"role": "tool", "tool_call_id": "x1", "content": original}
+    assert asyncio.run(restore.acall(handle)) == original
+    # The session can also be given per call, or by a function.
+    assert restore_tool(engine)(handle, "run-t") == original
+    assert restore_tool(engine, lambda: "run-t")(handle) == original
+
+
+def test_bad_handles_and_a_down_server_are_sentences_for_the_model(engine, caplog):
+    engine.ingest("run-b", long_run(2))
+    restore = restore_tool(engine, "run-b")
+    assert "no stored result" in restore("r99999")
+    assert "could not read handle" in restore("not a handle")
+    assert "needs a handle" in restore.answer(call("x", RESTORE_TOOL, "{not json"))["content"]
+    assert "no stored result" in restore_tool(engine, "no-such-session")("r1")
+    down = restore_tool(Client(f"http://127.0.0.1:{free_port()}", timeout=2), "run-b")
+    with caplog.at_level(logging.WARNING, logger="contextrender.tools"):
+        assert "could not restore 'r1' now (ConnectError)" in down("r1")
+    assert any("restore of r1 in session run-b failed" in r.getMessage() for r in caplog.records)
