@@ -28,7 +28,7 @@ from typing import Any
 
 from contextrender_adapters import anthropic
 from contextrender_adapters.core import RESTORE_TOOL, content_text, restore_tool
-from contextrender_adapters.restore_loop import _frames
+from contextrender_adapters.event_rounds import Answer, Event, EventRound, answer_of, parts_of, reserialised
 
 __all__ = ["MESSAGES_ROUNDS", "MessagesRounds", "tool_definition"]
 
@@ -39,18 +39,12 @@ def tool_definition() -> dict:
     return {"name": function["name"], "description": function["description"], "input_schema": function["parameters"]}
 
 
-@dataclass
-class Answer:
-    """An answer's content blocks, as the model sent them, and its restore calls."""
-
-    blocks: list[dict]
-    restore_calls: list[dict]
-    restore_first: bool
+def _is_restore(block: Any) -> bool:
+    return isinstance(block, dict) and block.get("type") == "tool_use" and block.get("name") == RESTORE_TOOL
 
 
 def _answer(blocks: list[dict]) -> Answer:
-    uses = [b for b in blocks if b.get("type") == "tool_use"]
-    return Answer(blocks, [b for b in uses if b.get("name") == RESTORE_TOOL], bool(uses) and uses[0].get("name") == RESTORE_TOOL)
+    return answer_of(blocks, lambda b: b.get("type") == "tool_use", _is_restore)
 
 
 class MessagesRounds:
@@ -75,14 +69,8 @@ class MessagesRounds:
         return out
 
     def split(self, body: bytes) -> Answer | None:
-        try:
-            answer = json.loads(body)
-        except ValueError:
-            return None
-        content = answer.get("content") if isinstance(answer, dict) else None
-        if not isinstance(content, list) or not all(isinstance(b, dict) for b in content):
-            return None
-        return _answer(content)
+        parts = parts_of(body, "content")
+        return _answer(parts) if parts is not None else None
 
     def handle(self, call: dict) -> str:
         given = call.get("input")
@@ -92,7 +80,7 @@ class MessagesRounds:
 
     def round_turns(self, answer: Answer, contents: list[tuple[Any, bool]]) -> list[dict]:
         # Thinking and text as sent (empty text blocks are refused by the API), restore calls only.
-        kept = [b for b in answer.blocks if (b.get("type") != "tool_use" or b in answer.restore_calls)
+        kept = [b for b in answer.parts if (b.get("type") != "tool_use" or b in answer.restore_calls)
                 and not (b.get("type") == "text" and not b.get("text"))]
         results = []
         for (call, (content, failed)) in zip(answer.restore_calls, contents):
@@ -109,7 +97,7 @@ class MessagesRounds:
             content = answer["content"]
         except (ValueError, KeyError, TypeError):
             return None
-        kept = [b for b in content if not (isinstance(b, dict) and b.get("type") == "tool_use" and b.get("name") == RESTORE_TOOL)]
+        kept = [b for b in content if not _is_restore(b)]
         if len(kept) == len(content):
             return None
         answer["content"] = kept
@@ -135,87 +123,28 @@ MESSAGES_ROUNDS = MessagesRounds()
 
 
 @dataclass
-class _Event:
-    raw: bytes
-    data: dict | None
+class StreamRound(EventRound):
+    """One streamed Messages answer. `carry` holds, for the answers of one request, whether the
+    agent got the message's start (`started`) and how many content blocks it got (`blocks`)."""
 
-    @property
-    def kind(self) -> str:
-        return str((self.data or {}).get("type") or "")
-
-
-def _parse(raw: bytes) -> _Event:
-    payloads = [line.strip()[5:].strip() for line in raw.splitlines() if line.strip().startswith(b"data:")]
-    try:
-        data = json.loads(b"\n".join(payloads)) if payloads else None
-    except ValueError:
-        data = None
-    return _Event(raw, data if isinstance(data, dict) else None)
-
-
-@dataclass
-class StreamRound:
-    """One streamed Messages answer (proxy/interfaces.py `RoundReader`). `carry` holds, for the
-    answers of one request, whether the agent got the message's start (`started`) and how many
-    content blocks it got (`blocks`)."""
-
-    may_restore: bool
-    carry: dict
-    _buffer: bytes = b""
-    _phase: str = "undecided"  # undecided | text | agent | restore
-    _held: list[_Event] = field(default_factory=list)
-    _blocks: dict[int, dict] = field(default_factory=dict)
-    _json: dict[int, str] = field(default_factory=dict)
-    _withheld: set[int] = field(default_factory=set)
-    _sent: set[int] = field(default_factory=set)
     usage: dict = field(default_factory=dict)
+    _json: dict[int, str] = field(default_factory=dict)
+    _sent: set[int] = field(default_factory=set)
 
     def __post_init__(self) -> None:
         # Whether this answer continues a message the agent already got the start of.
         self._continues = bool(self.carry.get("started"))
 
-    @property
-    def restore_round(self) -> bool:
-        return self._phase == "restore"
+    def _is_call(self, part: dict) -> bool:
+        return part.get("type") == "tool_use"
 
-    def answer(self) -> Answer:
-        return _answer([self._blocks[i] for i in sorted(self._blocks)])
+    def _is_restore(self, part: dict) -> bool:
+        return _is_restore(part)
 
-    def feed(self, chunk: bytes) -> list[bytes]:
-        frames, self._buffer = _frames(self._buffer + chunk)
-        return [raw for frame in frames for raw in self._event(_parse(frame))]
+    def _ends(self, event: Event) -> bool:
+        return event.kind in ("message_delta", "message_stop", "error")
 
-    def close(self) -> list[bytes]:
-        out: list[bytes] = []
-        if self._buffer.strip():
-            out.extend(self._event(_parse(self._buffer)))
-        self._buffer = b""
-        if self._phase != "restore":
-            out.extend(self._flush())
-        if self._phase == "restore":
-            self.carry["blocks"] = self.carry.get("blocks", 0) + len(self._sent)
-        return out
-
-    def _event(self, event: _Event) -> list[bytes]:
-        self._record(event)
-        self._held.append(event)
-        if self._phase == "restore":
-            return []
-        deciding = [i for i in sorted(self._blocks) if self._blocks[i].get("type") == "tool_use"
-                    and (self.may_restore or i not in self._withheld)]
-        if self._phase in ("undecided", "text") and deciding:
-            if self._blocks[deciding[0]].get("name") == RESTORE_TOOL:
-                self._phase = "restore"
-                return []
-            self._phase = "agent"
-        if self._phase == "undecided" and self._shows_text(event):
-            self._phase = "text"
-        if self._phase == "undecided" and event.kind not in ("message_delta", "message_stop", "error"):
-            return []  # only the start and thinking so far: it may still open with a restore call
-        return self._flush()
-
-    @staticmethod
-    def _shows_text(event: _Event) -> bool:
+    def _shows_text(self, event: Event) -> bool:
         data = event.data or {}
         if event.kind == "content_block_start":
             block = data.get("content_block") or {}
@@ -223,7 +152,10 @@ class StreamRound:
         delta = data.get("delta") or {}
         return event.kind == "content_block_delta" and delta.get("type") == "text_delta" and bool(delta.get("text"))
 
-    def _record(self, event: _Event) -> None:
+    def _was_round(self) -> None:
+        self.carry["blocks"] = self.carry.get("blocks", 0) + len(self._sent)
+
+    def _record(self, event: Event) -> None:
         data = event.data or {}
         kind = event.kind
         index = data.get("index")
@@ -231,11 +163,11 @@ class StreamRound:
             self.usage = dict((data.get("message") or {}).get("usage") or {})
         elif kind == "content_block_start" and isinstance(index, int):
             block = dict(data.get("content_block") or {})
-            self._blocks[index] = block
-            if block.get("type") == "tool_use" and block.get("name") == RESTORE_TOOL:
+            self._parts[index] = block
+            if _is_restore(block):
                 self._withheld.add(index)
-        elif kind == "content_block_delta" and index in self._blocks:
-            (block, delta) = (self._blocks[index], data.get("delta") or {})
+        elif kind == "content_block_delta" and index in self._parts:
+            (block, delta) = (self._parts[index], data.get("delta") or {})
             step = delta.get("type")
             if step == "text_delta":
                 block["text"] = block.get("text", "") + str(delta.get("text") or "")
@@ -250,18 +182,13 @@ class StreamRound:
         elif kind == "content_block_stop" and index in self._json:
             text = self._json.pop(index)
             try:
-                self._blocks[index]["input"] = json.loads(text or "{}")
+                self._parts[index]["input"] = json.loads(text or "{}")
             except ValueError:
-                self._blocks[index]["input"] = text  # the handle check names it
+                self._parts[index]["input"] = text  # the handle check names it
         elif kind == "message_delta":
             self.usage.update({k: v for (k, v) in (data.get("usage") or {}).items() if v is not None})
 
-    def _flush(self) -> list[bytes]:
-        out = [self._for_agent(event) for event in self._held]
-        self._held = []
-        return [raw for raw in out if raw]
-
-    def _for_agent(self, event: _Event) -> bytes:
+    def _for_agent(self, event: Event) -> bytes:
         """The event as the agent gets it: its bytes unchanged, unless it belongs to a restore call
         (removed), starts a continued message again (removed), is numbered after a removed block
         or a previous answer's blocks (renumbered), or ends an answer whose only calls were restore
@@ -281,14 +208,12 @@ class StreamRound:
             if index in self._withheld:
                 return b""
             self._sent.add(index)
-            shifted = self.carry.get("blocks", 0) + index - len([w for w in self._withheld if w < index])
+            shifted = self._shift(index, self.carry.get("blocks", 0))
             if shifted != index:
                 data = dict(data, index=shifted)
                 changed = True
         if kind == "message_delta" and (data.get("delta") or {}).get("stop_reason") == "tool_use" and not any(
-                b.get("type") == "tool_use" and i not in self._withheld for (i, b) in self._blocks.items()):
+                self._is_call(b) and i not in self._withheld for (i, b) in self._parts.items()):
             data = dict(data, delta=dict(data["delta"], stop_reason="end_turn"))
             changed = True
-        if not changed:
-            return event.raw
-        return f"event: {kind}\ndata: ".encode() + json.dumps(data, ensure_ascii=False).encode() + b"\n\n"
+        return reserialised(kind, data) if changed else event.raw

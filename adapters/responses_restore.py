@@ -27,8 +27,9 @@ from typing import Any
 
 from contextrender_adapters import responses
 from contextrender_adapters.core import RESTORE_TOOL, content_text, restore_tool
+from contextrender_adapters.event_rounds import Answer, Event, EventRound, answer_of, parts_of, reserialised
 from contextrender_adapters.formats import openai_usage
-from contextrender_adapters.restore_loop import _frames
+from contextrender_adapters.restore_loop import handle_of
 
 __all__ = ["RESPONSES_ROUNDS", "ResponsesRounds", "tool_definition"]
 
@@ -48,18 +49,8 @@ def _restore(item: Any) -> bool:
     return isinstance(item, dict) and item.get("type") == "function_call" and item.get("name") == RESTORE_TOOL
 
 
-@dataclass
-class Answer:
-    """An answer's output items, as the model sent them, and its restore calls."""
-
-    items: list[dict]
-    restore_calls: list[dict]
-    restore_first: bool
-
-
 def _answer(items: list[dict]) -> Answer:
-    calls = [i for i in items if i.get("type") == "function_call"]
-    return Answer(items, [i for i in calls if _restore(i)], bool(calls) and _restore(calls[0]))
+    return answer_of(items, lambda i: i.get("type") == "function_call", _restore)
 
 
 class ResponsesRounds:
@@ -83,27 +74,14 @@ class ResponsesRounds:
         return out
 
     def split(self, body: bytes) -> Answer | None:
-        try:
-            answer = json.loads(body)
-        except ValueError:
-            return None
-        output = answer.get("output") if isinstance(answer, dict) else None
-        if not isinstance(output, list) or not all(isinstance(i, dict) for i in output):
-            return None
-        return _answer(output)
+        parts = parts_of(body, "output")
+        return _answer(parts) if parts is not None else None
 
     def handle(self, call: dict) -> str:
-        arguments = call.get("arguments") or ""
-        try:
-            parsed = json.loads(arguments)
-        except ValueError:
-            parsed = None
-        if not isinstance(parsed, dict) or not isinstance(parsed.get("handle"), str):
-            raise ValueError(f'the arguments must be a JSON object with a string "handle", such as {{"handle": "r17"}} (got {arguments!r})')
-        return parsed["handle"].strip()
+        return handle_of({"function": {"arguments": call.get("arguments") or ""}})
 
     def round_turns(self, answer: Answer, contents: list[tuple[Any, bool]]) -> list[dict]:
-        kept = [i for i in answer.items if i.get("type") != "function_call" or i in answer.restore_calls]
+        kept = [i for i in answer.parts if i.get("type") != "function_call" or i in answer.restore_calls]
         outputs = [{"type": "function_call_output", "call_id": call["call_id"],
                     "output": content if isinstance(content, str) else content_text(content)}
                    for (call, (content, _)) in zip(answer.restore_calls, contents)]
@@ -140,96 +118,40 @@ RESPONSES_ROUNDS = ResponsesRounds()
 
 
 @dataclass
-class _Event:
-    raw: bytes
-    data: dict | None
+class StreamRound(EventRound):
+    """One streamed Responses answer. `carry` holds, for the answers of one request, the first
+    response's id once the agent got its start (`id`), the output items the agent got (`items`),
+    and the next `sequence_number` (`sequence`)."""
 
-    @property
-    def kind(self) -> str:
-        return str((self.data or {}).get("type") or "")
-
-
-def _parse(raw: bytes) -> _Event:
-    payloads = [line.strip()[5:].strip() for line in raw.splitlines() if line.strip().startswith(b"data:")]
-    try:
-        data = json.loads(b"\n".join(payloads)) if payloads else None
-    except ValueError:
-        data = None
-    return _Event(raw, data if isinstance(data, dict) else None)
-
-
-@dataclass
-class StreamRound:
-    """One streamed Responses answer (proxy/interfaces.py `RoundReader`). `carry` holds, for the
-    answers of one request, the first response's id once the agent got its start (`id`), the
-    output items the agent got (`items`), and the next `sequence_number` (`sequence`)."""
-
-    may_restore: bool
-    carry: dict
-    _buffer: bytes = b""
-    _phase: str = "undecided"  # undecided | text | agent | restore
-    _held: list[_Event] = field(default_factory=list)
-    _items: dict[int, dict] = field(default_factory=dict)
-    _withheld: set[int] = field(default_factory=set)
     _sent: dict[int, dict] = field(default_factory=dict)
-    usage: Any = None
 
     def __post_init__(self) -> None:
         self._continues = "id" in self.carry
 
-    @property
-    def restore_round(self) -> bool:
-        return self._phase == "restore"
+    def _is_call(self, part: dict) -> bool:
+        return part.get("type") == "function_call"
 
-    def answer(self) -> Answer:
-        return _answer([self._items[i] for i in sorted(self._items)])
+    def _is_restore(self, part: dict) -> bool:
+        return _restore(part)
 
-    def feed(self, chunk: bytes) -> list[bytes]:
-        frames, self._buffer = _frames(self._buffer + chunk)
-        return [raw for frame in frames for raw in self._event(_parse(frame))]
+    def _ends(self, event: Event) -> bool:
+        return event.kind in _END
 
-    def close(self) -> list[bytes]:
-        out: list[bytes] = []
-        if self._buffer.strip():
-            out.extend(self._event(_parse(self._buffer)))
-        self._buffer = b""
-        if self._phase != "restore":
-            out.extend(self._flush())
-        else:
-            self.carry["items"] = list(self.carry.get("items", [])) + [self._sent[i] for i in sorted(self._sent)]
-        return out
-
-    def _event(self, event: _Event) -> list[bytes]:
-        self._record(event)
-        self._held.append(event)
-        if self._phase == "restore":
-            return []
-        deciding = [i for i in sorted(self._items) if self._items[i].get("type") == "function_call"
-                    and (self.may_restore or i not in self._withheld)]
-        if self._phase in ("undecided", "text") and deciding:
-            if _restore(self._items[deciding[0]]):
-                self._phase = "restore"
-                return []
-            self._phase = "agent"
-        if self._phase == "undecided" and self._shows_text(event):
-            self._phase = "text"
-        if self._phase == "undecided" and event.kind not in _END:
-            return []  # only the start and reasoning so far: it may still open with a restore call
-        return self._flush()
-
-    @staticmethod
-    def _shows_text(event: _Event) -> bool:
+    def _shows_text(self, event: Event) -> bool:
         data = event.data or {}
         if event.kind == "response.output_item.added":
             return (data.get("item") or {}).get("type") not in ("reasoning", "message", "function_call")
         return event.kind in ("response.output_text.delta", "response.refusal.delta") and bool(data.get("delta"))
 
-    def _record(self, event: _Event) -> None:
+    def _was_round(self) -> None:
+        self.carry["items"] = list(self.carry.get("items", [])) + [self._sent[i] for i in sorted(self._sent)]
+
+    def _record(self, event: Event) -> None:
         data = event.data or {}
         index = data.get("output_index")
         if event.kind in ("response.output_item.added", "response.output_item.done") and isinstance(index, int):
             item = data.get("item") if isinstance(data.get("item"), dict) else {}
-            self._items[index] = item
+            self._parts[index] = item
             if _restore(item):
                 self._withheld.add(index)
         elif event.kind in _END:
@@ -237,14 +159,9 @@ class StreamRound:
             self.usage = response.get("usage")
             output = response.get("output")
             if isinstance(output, list):  # the items whole, as the model gave them
-                self._items = {i: item for (i, item) in enumerate(output) if isinstance(item, dict)}
+                self._parts = {i: item for (i, item) in enumerate(output) if isinstance(item, dict)}
 
-    def _flush(self) -> list[bytes]:
-        out = [self._for_agent(event) for event in self._held]
-        self._held = []
-        return [raw for raw in out if raw]
-
-    def _for_agent(self, event: _Event) -> bytes:
+    def _for_agent(self, event: Event) -> bytes:
         """The event as the agent gets it: its bytes unchanged, unless it belongs to a restore call
         (removed), starts a continued response again (removed), is numbered after a removed item
         or a previous answer's items, or ends a continued response (renumbered, and the
@@ -264,8 +181,7 @@ class StreamRound:
                 return b""
             if kind == "response.output_item.done" and isinstance(data.get("item"), dict):
                 self._sent[index] = data["item"]
-            before = len(self.carry.get("items", []))
-            shifted = before + index - len([w for w in self._withheld if w < index])
+            shifted = self._shift(index, len(self.carry.get("items", [])))
             if shifted != index:
                 data = dict(data, output_index=shifted)
                 changed = True
@@ -280,6 +196,4 @@ class StreamRound:
         if "sequence_number" in data and data["sequence_number"] != sequence:
             data = dict(data, sequence_number=sequence)
             changed = True
-        if not changed:
-            return event.raw
-        return f"event: {kind}\ndata: ".encode() + json.dumps(data, ensure_ascii=False).encode() + b"\n\n"
+        return reserialised(kind, data) if changed else event.raw
