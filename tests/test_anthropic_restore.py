@@ -162,3 +162,58 @@ def test_a_tool_of_the_reserved_name_is_refused_in_anthropic_shape(engine, upstr
     with pytest.raises(anthropic.BadRequestError) as refused:
         sdk(proxy_url).messages.create(model=MODEL, max_tokens=512, system=system, messages=turns, tools=TOOLS + [mine])
     assert "Rename your tool" in refused.value.body["error"]["message"] and upstream.requests == []
+
+
+# ---------------------------------------------------------------- reading a stream
+
+
+def events_of(upstream, blocks: list[dict]) -> list[bytes]:
+    """The fake upstream's Messages events for an answer of these blocks."""
+    message = {"id": "msg_x", "type": "message", "role": "assistant", "model": MODEL, "content": blocks,
+               "stop_reason": "tool_use" if any(b["type"] == "tool_use" for b in blocks) else "end_turn",
+               "stop_sequence": None, "usage": {"input_tokens": 10, "output_tokens": 3}}
+    return upstream._message_events(message)
+
+
+def relayed(stream: list[bytes], may_restore: bool = True, step: int | None = None, carry: dict | None = None):
+    from contextrender_adapters.anthropic_restore import StreamRound
+
+    reader = StreamRound(may_restore, {} if carry is None else carry)
+    data = b"".join(stream)
+    pieces = [data[i:i + step] for i in range(0, len(data), step)] if step else stream
+    out = [f for piece in pieces for f in reader.feed(piece)] + reader.close()
+    return out, reader
+
+
+def read_back(out: list[bytes]) -> list[dict]:
+    from contextrender_adapters.anthropic_restore import MESSAGES_ROUNDS
+
+    seen = MESSAGES_ROUNDS.fmt.reader()
+    seen.feed(b"".join(out))
+    return [dict(b) for b in seen._blocks.values()]
+
+
+def restore_use(call_id: str, handle: str) -> dict:
+    return {"type": "tool_use", "id": call_id, "name": RESTORE_TOOL, "input": {"handle": handle}}
+
+
+@pytest.mark.parametrize("step", [None, 1, 9])
+def test_a_restore_answer_is_held_whole_and_its_thinking_kept(upstream, step):
+    thinking = {"type": "thinking", "thinking": "Which file?", "signature": signature("Which file?")}
+    (out, reader) = relayed(events_of(upstream, [thinking, restore_use("toolu_r", "r4")]), step=step)
+    assert out == [] and reader.restore_round
+    answer = reader.answer()
+    assert answer.restore_first and answer.parts[0] == thinking and answer.restore_calls[0]["input"] == {"handle": "r4"}
+
+
+def test_an_agent_call_first_goes_through_with_the_restore_call_removed_and_blocks_renumbered(upstream):
+    blocks = [{"type": "tool_use", "id": "toolu_a", "name": "read_file", "input": {"path": "a"}}, restore_use("toolu_r", "r1"),
+              {"type": "tool_use", "id": "toolu_b", "name": "read_file", "input": {"path": "b"}}]
+    (out, reader) = relayed(events_of(upstream, blocks), step=7)
+    assert not reader.restore_round
+    assert [(b["id"], b["input"]) for b in read_back(out)] == [("toolu_a", {"path": "a"}), ("toolu_b", {"path": "b"})]
+    indices = [json.loads(f.split(b"data: ", 1)[1])["index"] for f in out if b'"content_block_start"' in f]
+    assert indices == [0, 1]
+    # Without the tool offered, a lone restore call is withheld and the answer ends as text.
+    (out, reader) = relayed(events_of(upstream, [{"type": "text", "text": "Ok."}, restore_use("toolu_r", "r1")]), may_restore=False)
+    assert [b["type"] for b in read_back(out)] == ["text"] and b'"stop_reason": "end_turn"' in b"".join(out)

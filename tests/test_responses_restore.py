@@ -139,3 +139,21 @@ def test_the_restore_tool_is_named_only_where_it_is_offered(engine, upstream, op
     assert sent["tools"] == tools and RESTORE_TOOL not in json.dumps(sent) and RESTORE_ROUNDS_HEADER not in response.headers
     assert 'It is stored as \\"r' in json.dumps(sent)
     assert response.json()["output"][0]["content"][0]["text"] == "[fake model: cannot restore: no restore hint names a handle]"
+
+
+def test_an_agent_call_first_is_relayed_without_the_restore_call(upstream):
+    from contextrender_adapters.fakeupstream import _Script
+    from contextrender_adapters.responses_restore import StreamRound
+
+    calls = [call("call_a", "read_file", {"path": "a"}), call("call_r", RESTORE_TOOL, {"handle": "r1"}), call("call_b", "read_file", {"path": "b"})]
+    response = upstream._response(1, _Script(content=None, tool_calls=calls, thinking="Two files."), {"model": MODEL}, 400)
+    stream = b"".join(upstream._response_events(response))
+    reader = StreamRound(True, {})
+    out = [f for i in range(0, len(stream), 11) for f in reader.feed(stream[i:i + 11])] + reader.close()
+    assert not reader.restore_round
+    events = [json.loads(f.split(b"data: ", 1)[1]) for f in out]
+    assert RESTORE_TOOL not in json.dumps(events)
+    added = [(e["output_index"], e["item"]["type"]) for e in events if e["type"] == "response.output_item.added"]
+    assert added == [(0, "reasoning"), (1, "function_call"), (2, "function_call")]
+    assert [i["call_id"] for i in events[-1]["response"]["output"] if i["type"] == "function_call"] == ["call_a", "call_b"]
+    assert [e["sequence_number"] for e in events] == list(range(len(events)))
