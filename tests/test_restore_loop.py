@@ -379,3 +379,15 @@ def test_restore_rounds_with_a_server_backend(jac_server, upstream):
     assert found["content"] == result_text(messages, "call_1")
     assert "no tool result 'r77'" in unknown["content"]
     assert client.get_session("via-server")["restores"] == 1
+
+
+@pytest.mark.parametrize("options, extra", [({}, {"tool_choice": "none"}), ({"restore_rounds": 0}, {})])
+def test_no_text_names_the_tool_where_it_is_not_offered_folded_history_included(engine, upstream, proxy, options, extra):
+    """Under the default prose share the oldest turns fold (B = 1,200): whatever the fold marker
+    and the stubs say, a request not given the tool reads no text that names it."""
+    messages = conversation(words=10)
+    with proxy(budget=B, **options) as server:
+        response = httpx.post(f"{server.url}/v1/chat/completions", json={"model": "m", "messages": messages, "tools": TOOLS} | extra)
+    assert response.status_code == 200 and int(response.headers["x-contextrender-folded"]) > 0
+    sent = upstream.requests[-1].json
+    assert sent["tools"] == TOOLS and RESTORE_TOOL not in json.dumps(sent["messages"])
