@@ -68,6 +68,9 @@ class MessagesRounds:
             out["tools"] = list(body.get("tools") or []) + [tool_definition()]
         return out
 
+    def normal(self, added: list) -> list[dict]:
+        return anthropic.to_normal({"messages": added})[0]
+
     def split(self, body: bytes) -> Answer | None:
         parts = parts_of(body, "content")
         return _answer(parts) if parts is not None else None

@@ -73,6 +73,9 @@ class ResponsesRounds:
             out["tools"] = list(body.get("tools") or []) + [tool_definition()]
         return out
 
+    def normal(self, added: list) -> list[dict]:
+        return responses.to_normal({"input": added})[0]
+
     def split(self, body: bytes) -> Answer | None:
         parts = parts_of(body, "output")
         return _answer(parts) if parts is not None else None

@@ -337,6 +337,9 @@ class ChatRounds:
     def payload(self, body: dict, offered: bool, added: list) -> dict:
         return dict(with_tool(body, offered), messages=list(body["messages"]) + added)
 
+    def normal(self, added: list) -> list[dict]:
+        return added
+
     def split(self, body: bytes) -> AnswerCalls | None:
         message = self.fmt.answer(body)[0]
         return split_answer(message) if message else None

@@ -87,6 +87,10 @@ def test_a_restore_round_on_messages_returns_one_ordinary_answer(engine, upstrea
     usage = engine.get_session("claude")["usage"]
     assert usage["requests"] == 1 and usage["input_tokens"] == sum(len(r.body) // 4 for r in upstream.requests)
     assert usage["output_tokens"] == 14
+    # The proxy's estimate counts both calls too (the second is the first plus the round, counted
+    # in normal form): of the size of their reported input (request bytes / 4).
+    ratio = usage["estimated_input_tokens"] / (usage["input_tokens"] or 1)
+    assert 0.5 < ratio < 2.0, usage
     assert json.loads(raw.headers[RESTORE_USAGE_HEADER])["input_tokens"] == len(upstream.requests[0].body) // 4
 
 

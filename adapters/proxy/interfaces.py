@@ -109,6 +109,10 @@ class Rounds(Protocol):
         turns of the rounds so far (`added`)."""
         ...
 
+    def normal(self, added: list) -> list[dict]:
+        """The turns of rounds in the engine's normal form (to count their tokens)."""
+        ...
+
     def split(self, body: bytes) -> Any:
         """A whole answer's restore calls (None when it is not an answer)."""
         ...

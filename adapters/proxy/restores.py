@@ -54,10 +54,11 @@ class Rounds:
         self.extra_estimate = 0
         self.encoding = encoding
 
-    def called(self) -> None:
-        """One more upstream call: after the first, its input is the first's plus the rounds."""
+    def called(self, protocol: Protocol) -> None:
+        """One more upstream call: after the first, its input is the first's plus the rounds
+        (counted in the engine's normal form)."""
         if self.messages:
-            self.extra_estimate += self.estimate + get_tokenizer(self.encoding).history_tokens(self.messages)
+            self.extra_estimate += self.estimate + get_tokenizer(self.encoding).history_tokens(protocol.normal(self.messages))
 
     def answered(self, usage: dict) -> None:
         """A call's usage as the session records it (summed over the request's calls)."""
@@ -98,7 +99,7 @@ class Restores:
 
     @staticmethod
     def _request(url: str, sent: list, body: dict, offered: bool, rounds: Rounds, protocol: Protocol) -> httpx.Request:
-        rounds.called()
+        rounds.called(protocol)
         payload = protocol.payload(body, offered, rounds.messages)
         return httpx.Request("POST", url, headers=sent, content=json.dumps(payload, ensure_ascii=False).encode())
 
