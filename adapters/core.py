@@ -29,7 +29,7 @@ _FROM: dict[str, tuple[str, ...]] = {
     "graph.content": ("content_text",),
     "engine.measure": ("get_tokenizer", "get_embedder", "warm_up", "EMBED_CLIP", "DEFAULT_ENCODING"),
     # The restore tool the proxy offers, as its stubs name it.
-    "engine.notices": ("RESTORE_TOOL", "restore_tool"),
+    "engine.notices": ("RESTORE_TOOL", "restore_tool", "without_restore_tool"),
     "engine.values": ("recall_tokens",),
     # The assistant normal form and echo matching ingestion uses (the proxy stores and forwards
     # answers in that form).

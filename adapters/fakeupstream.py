@@ -14,11 +14,18 @@ Like the real services, `/v1/messages` refuses (400, Anthropic's error shape) a 
 `tool_use` blocks are not answered by `tool_result` blocks in the next turn, or whose thinking
 blocks do not carry the signature it gave them; `/v1/responses` one whose function calls and
 outputs do not pair up (`fake_checks.py`). Usage is reported with input tokens = request bytes / 4.
+
+A scripted model can also restore what the proxy left out: `enqueue_restore()` answers, in the
+protocol asked, with a call of the restore tool for the handle a restore hint in the request names
+(the first, or the one given), as a model that reads its stubs would; when the request does not
+offer the tool, or names no handle, it answers with text that says so (a real model cannot call a
+tool it is not given).
 """
 
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
 from collections import deque
@@ -58,6 +65,34 @@ class _Script:
     status: int = 200
     # Reasoning shown before the answer: an Anthropic thinking block, a Responses reasoning item.
     thinking: str | None = None
+    # A restore call of the handle a hint in the request names ("" the first one; None: no restore).
+    restore: str | None = None
+
+
+# A restore hint as ContextRender writes it (engine/notices.jac restore_hint).
+_HINT = re.compile(r'call contextrender_restore with handle "([^"]+)"')
+
+
+def _strings(value: Any) -> Any:
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, dict):
+        for v in value.values():
+            yield from _strings(v)
+    elif isinstance(value, list):
+        for v in value:
+            yield from _strings(v)
+
+
+def named_handles(payload: dict) -> list[str]:
+    """The handles the restore hints of a request name, in order (its tools' text aside)."""
+    return [h for text in _strings({k: v for (k, v) in payload.items() if k != "tools"}) for h in _HINT.findall(text)]
+
+
+def offered_tools(payload: dict) -> list[str]:
+    """The names of the tools a request offers, in any of the three protocols' shapes."""
+    tools = payload.get("tools") if isinstance(payload.get("tools"), list) else []
+    return [str(t.get("name") or (t.get("function") or {}).get("name") or "") for t in tools if isinstance(t, dict)]
 
 
 def _sse(event: str, data: dict) -> bytes:
@@ -88,6 +123,11 @@ class FakeUpstream:
         """The next answer: assistant text and/or tool calls (OpenAI shape, rendered in the
         protocol asked), reasoning before them, or an error status."""
         self._scripts.append(_Script(content, list(tool_calls or []), status, thinking))
+
+    def enqueue_restore(self, handle: str = "", content: str | None = None, thinking: str | None = None) -> None:
+        """The next answer: a call of the restore tool for `handle`, or for the first handle a
+        restore hint in the request names (with `content` before it and reasoning)."""
+        self._scripts.append(_Script(content, [], 200, thinking, restore=handle))
 
     @property
     def base_url(self) -> str:
@@ -173,6 +213,8 @@ class FakeUpstream:
         payload = json.loads(body)
         problem = problem_of(payload)
         number, script = self._next() if not problem else (0, _Script(status=400))
+        if script.restore is not None:
+            script = self._restoring(number, script, payload)
         if script.status != 200:
             record.handling_s = time.perf_counter() - start
             return JSONResponse(error_of(problem or "scripted failure", script.status), status_code=script.status)
@@ -182,6 +224,17 @@ class FakeUpstream:
         record.sent = json.dumps(answer).encode()
         record.handling_s = time.perf_counter() - start
         return Response(record.sent, media_type="application/json", headers={"x-fake-upstream": str(number)})
+
+    @staticmethod
+    def _restoring(number: int, script: _Script, payload: dict) -> _Script:
+        named = named_handles(payload)
+        handle = script.restore or (named[0] if named else "")
+        if "contextrender_restore" not in offered_tools(payload) or not handle:
+            why = "the restore tool is not offered" if handle else "no restore hint names a handle"
+            return _Script(f"[fake model: cannot restore: {why}]", thinking=script.thinking)
+        call = {"id": f"call_restore_{number}", "type": "function",
+                "function": {"name": "contextrender_restore", "arguments": json.dumps({"handle": handle})}}
+        return _Script(script.content, [call], thinking=script.thinking)
 
     def _completion(self, number: int, script: _Script, payload: dict, size: int) -> dict:
         message: dict[str, Any] = {"role": "assistant", "content": script.content, "refusal": None}

@@ -25,7 +25,7 @@ from typing import Any
 
 from contextrender_adapters.core import RESTORE_TOOL, restore_tool
 
-__all__ = ["RESTORE_TOOL", "AnswerCalls", "StreamRound", "add_usage", "declares_restore", "handle_of", "offers_tool",
+__all__ = ["CHAT_ROUNDS", "RESTORE_TOOL", "AnswerCalls", "StreamRound", "add_usage", "declares_restore", "handle_of", "offers_tool",
            "round_messages", "split_answer", "strip_restore_calls", "tool_error", "with_tool"]
 
 
@@ -133,11 +133,12 @@ def strip_restore_calls(body: bytes) -> bytes | None:
 
 
 def add_usage(total: dict, usage: Any) -> None:
-    """Add an answer's token counts (prompt, completion, total) to `total`."""
+    """Add an answer's token counts (its top-level integer counters, in the protocol's names:
+    prompt/completion/total for chat completions, input/output and the cache's for Messages and
+    Responses) to `total`."""
     if not isinstance(usage, dict):
         return
-    for key in ("prompt_tokens", "completion_tokens", "total_tokens"):
-        value = usage.get(key)
+    for (key, value) in usage.items():
         if isinstance(value, int) and not isinstance(value, bool):
             total[key] = total.get(key, 0) + value
 
@@ -313,3 +314,55 @@ class StreamRound:
             return frame.raw
         ending = b"\r\n\r\n" if frame.raw.endswith(b"\r\n\r\n") else b"\n\n"
         return b"data: " + json.dumps(frame.data, ensure_ascii=False).encode() + ending
+
+
+# ---------------------------------------------------------------- the protocol's rounds
+
+
+class ChatRounds:
+    """Chat completions' restore rounds (proxy/interfaces.py `Rounds`), from the functions above."""
+
+    @property
+    def fmt(self) -> Any:
+        from contextrender_adapters.proxy.chat import CHAT  # the proxy package imports this module
+
+        return CHAT
+
+    def declares(self, body: dict) -> bool:
+        return declares_restore(body)
+
+    def offers(self, body: dict, omitted: int, compacted: int) -> bool:
+        return offers_tool(body, omitted, compacted)
+
+    def payload(self, body: dict, offered: bool, added: list) -> dict:
+        return dict(with_tool(body, offered), messages=list(body["messages"]) + added)
+
+    def normal(self, added: list) -> list[dict]:
+        return added
+
+    def split(self, body: bytes) -> AnswerCalls | None:
+        message = self.fmt.answer(body)[0]
+        return split_answer(message) if message else None
+
+    def handle(self, call: dict) -> str:
+        return handle_of(call)
+
+    def round_turns(self, answer: AnswerCalls, contents: list[tuple[Any, bool]]) -> list[dict]:
+        return round_messages(answer, [content for (content, _) in contents])
+
+    def strip(self, body: bytes) -> bytes | None:
+        return strip_restore_calls(body)
+
+    def stream(self, may_restore: bool, carry: dict) -> StreamRound:
+        return StreamRound(may_restore=may_restore)
+
+    def session_usage(self, usage: Any) -> dict:
+        from contextrender_adapters.proxy.chat import chat_usage
+
+        return chat_usage(usage)
+
+    def stream_error(self, message: str) -> bytes:
+        return b"data: " + json.dumps({"error": {"message": f"ContextRender proxy: {message}", "type": "upstream_error"}}).encode() + b"\n\n"
+
+
+CHAT_ROUNDS = ChatRounds()

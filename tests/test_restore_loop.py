@@ -222,11 +222,15 @@ def test_a_tool_of_the_reserved_name_is_refused_before_anything_is_stored(engine
     assert error["code"] == "contextrender_reserved_tool_name" and error["param"] == "tools"
     assert "Rename your tool" in error["message"] and "--restore-rounds 0" in error["message"]
     assert upstream.requests == [] and engine.list_sessions() == []
-    # With restores off the name is the agent's: forwarded as sent, nothing added.
+    # With restores off the name is the agent's: forwarded as sent, nothing added, and no stub
+    # tells the model to call it.
     body["messages"] = conversation(words=10)
+    engine.configure("off", policy="per-call", **STUBS)
     with proxy(budget=B, restore_rounds=0) as server:
-        assert httpx.post(f"{server.url}/v1/chat/completions", json=body).status_code == 200
+        assert httpx.post(f"{server.url}/v1/chat/completions", json=body, headers={SESSION_HEADER: "off"}).status_code == 200
     assert upstream.requests[-1].json["tools"] == TOOLS + [mine]
+    assert "omitted to fit" in json.dumps(upstream.requests[-1].json["messages"])
+    assert RESTORE_TOOL not in json.dumps(upstream.requests[-1].json["messages"])
 
 
 @pytest.mark.parametrize("extra, messages", [
@@ -235,9 +239,15 @@ def test_a_tool_of_the_reserved_name_is_refused_before_anything_is_stored(engine
     ({}, conversation(results=2, words=5)),  # nothing omitted
 ])
 def test_the_tool_is_offered_only_when_it_can_serve(engine, upstream, proxy, extra, messages):
+    engine.configure("served", policy="per-call", **STUBS)
     with proxy(budget=B) as server:
-        response = httpx.post(f"{server.url}/v1/chat/completions", json={"model": "m", "messages": messages, "tools": TOOLS} | extra)
+        response = httpx.post(f"{server.url}/v1/chat/completions", json={"model": "m", "messages": messages, "tools": TOOLS} | extra,
+                              headers={SESSION_HEADER: "served"})
     assert upstream.requests[-1].json["tools"] == TOOLS and RESTORE_ROUNDS_HEADER not in response.headers
+    # No text names the tool the request is not given; the stubs name their handles still.
+    forwarded = json.dumps(upstream.requests[-1].json["messages"])
+    assert RESTORE_TOOL not in forwarded
+    assert ('It is stored as \\"r' in forwarded) == ("omitted to fit" in forwarded)
 
 
 # ---------------------------------------------------------------- answers that mix restore calls with the agent's
@@ -369,3 +379,15 @@ def test_restore_rounds_with_a_server_backend(jac_server, upstream):
     assert found["content"] == result_text(messages, "call_1")
     assert "no tool result 'r77'" in unknown["content"]
     assert client.get_session("via-server")["restores"] == 1
+
+
+@pytest.mark.parametrize("options, extra", [({}, {"tool_choice": "none"}), ({"restore_rounds": 0}, {})])
+def test_no_text_names_the_tool_where_it_is_not_offered_folded_history_included(engine, upstream, proxy, options, extra):
+    """Under the default prose share the oldest turns fold (B = 1,200): whatever the fold marker
+    and the stubs say, a request not given the tool reads no text that names it."""
+    messages = conversation(words=10)
+    with proxy(budget=B, **options) as server:
+        response = httpx.post(f"{server.url}/v1/chat/completions", json={"model": "m", "messages": messages, "tools": TOOLS} | extra)
+    assert response.status_code == 200 and int(response.headers["x-contextrender-folded"]) > 0
+    sent = upstream.requests[-1].json
+    assert sent["tools"] == TOOLS and RESTORE_TOOL not in json.dumps(sent["messages"])

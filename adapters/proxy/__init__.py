@@ -22,10 +22,12 @@ message normal form (OpenAI chat-completions messages) and the rendered history 
    when the upstream streams) with the render's summary in `X-ContextRender-*` headers;
 4. ingests the answer into the session once it is complete, with the usage the upstream reported.
 
-For chat completions, when the render omitted or compacted a result, the forwarded request also
+On every protocol, when the render omitted or compacted a result, the forwarded request also
 offers the tool `contextrender_restore`: the proxy answers the model's restore calls itself from
 the store and asks the upstream again, up to `restore_rounds` times, so the agent gets one
-ordinary answer (`restore_loop.py` says how an answer is read; docs/restores.md).
+ordinary answer (each protocol's `Rounds` says how an answer is read: `restore_loop.py`,
+`anthropic_restore.py`, `responses_restore.py`; docs/protocols.md). Where it cannot be offered,
+no text names it.
 
 If the backend fails, the proxy logs it once per session and forwards the original request
 (fail-open), unless it was created with `fail_closed=True`: then it answers with the error (the
@@ -41,7 +43,7 @@ The package, one job per module:
 - `app`: the routes (`create_app`) and one conversation request's way through the proxy;
 - `upstream`: forwarding, the headers forwarded and relayed, the upstream's errors (504/502);
 - `relay`: the streaming relay;
-- `restores`: restore rounds, their I/O (`restore_loop.py` reads the answers);
+- `restores`: restore rounds, their I/O for every protocol (its `Rounds` reads the answers);
 - `sessions`: per-session state (`derive_session`, `model_encoding`, stored answers);
 - `chat`: the chat-completions format layer; `interfaces`: what the proxy needs of a backend and
   of a format layer; `command`: `contextrender proxy`.

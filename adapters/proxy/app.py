@@ -18,9 +18,11 @@ from fastapi.responses import JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
 
 from contextrender_adapters import anthropic, inspector, responses, restore_loop
+from contextrender_adapters.anthropic_restore import MESSAGES_ROUNDS
 from contextrender_adapters.core import InvalidRequest
+from contextrender_adapters.responses_restore import RESPONSES_ROUNDS
 from contextrender_adapters.proxy.chat import CHAT
-from contextrender_adapters.proxy.interfaces import Backend, Format, field
+from contextrender_adapters.proxy.interfaces import Backend, Format, Rounds as Protocol, field
 from contextrender_adapters.proxy.restores import DEFAULT_RESTORE_ROUNDS, Restores, Rounds
 from contextrender_adapters.proxy.sessions import Sessions, chain_events, derive_session, model_encoding, named_session
 from contextrender_adapters.proxy.upstream import DEFAULT_UPSTREAM_TIMEOUT, Upstream, error
@@ -65,6 +67,31 @@ def session_of(request: Request, messages: list[dict]) -> tuple[str, str]:
 def _shown(session_id: str, name: str) -> str:
     """A session as the log names it: its name as sent, with its key when that differs."""
     return session_id if name in ("", session_id) else f"{name!r} (key {session_id})"
+
+
+# Each protocol's restore rounds, by its format layer.
+ROUNDS: dict[Any, Protocol] = {CHAT: restore_loop.CHAT_ROUNDS, anthropic.FORMAT: MESSAGES_ROUNDS, responses.FORMAT: RESPONSES_ROUNDS}
+
+
+def without_restore_tool(messages: list[dict]) -> list[dict]:
+    """A rendered history for a request that is not offered the restore tool: the restore hints
+    in the texts ContextRender wrote (stubs, notes, the fold marker) name no tool
+    (engine/notices.jac `without_restore_tool`); nothing else changes."""
+    from contextrender_adapters.core import RESTORE_TOOL, without_restore_tool as rewrite
+
+    def text(value: Any) -> Any:
+        if isinstance(value, str):
+            return rewrite(value) if RESTORE_TOOL in value else value
+        if isinstance(value, list):
+            return [dict(p, text=text(p["text"])) if isinstance(p, dict) and isinstance(p.get("text"), str) else p for p in value]
+        return value
+
+    out = []
+    for message in messages:
+        content = message.get("content")
+        changed = text(content)
+        out.append(message if changed == content else dict(message, content=changed))
+    return out
 
 
 def _summary_headers(session_id: str, name: str, result: Any) -> list[tuple[str, str]]:
@@ -141,14 +168,16 @@ class _Proxy:
             return await self.engine_failed(request, raw, session_id, failure, fmt)
         state = self.sessions.session(session_id)
         state.name = name
-        if fmt is CHAT and self.restore_rounds and restore_loop.declares_restore(body):
+        protocol = ROUNDS[fmt]
+        if self.restore_rounds and protocol.declares(body):
             # Refused before anything is stored: the proxy would answer the agent's own tool.
-            return JSONResponse({"error": {
-                "message": f"ContextRender proxy: this request declares a tool named {restore_loop.RESTORE_TOOL!r}, the name "
-                           "the proxy reserves for the model to take back omitted tool results. Rename your tool, or start "
-                           "the proxy with --restore-rounds 0 if your agent answers that tool itself.",
-                "type": "invalid_request_error", "param": "tools", "code": "contextrender_reserved_tool_name",
-            }}, status_code=400)
+            message = (f"ContextRender proxy: this request declares a tool named {restore_loop.RESTORE_TOOL!r}, the name "
+                       "the proxy reserves for the model to take back omitted tool results. Rename your tool, or start "
+                       "the proxy with --restore-rounds 0 if your agent answers that tool itself.")
+            if fmt is anthropic.FORMAT:
+                return error(fmt, 400, message, "invalid_request_error")
+            return JSONResponse({"error": {"message": message, "type": "invalid_request_error", "param": "tools",
+                                           "code": "contextrender_reserved_tool_name"}}, status_code=400)
         if exchange.unmanaged:
             if not state.warned:
                 state.warned = True
@@ -168,7 +197,9 @@ class _Proxy:
                 result = await run_in_threadpool(
                     lambda: self.backend.render(session_id, prepared, budget=budget, selector=selector)
                 )
-                (out_body, state.previous) = exchange.build(list(result.messages), prepared, state.previous)
+                offered = bool(self.restore_rounds) and protocol.offers(body, field(result, "omitted"), field(result, "compacted"))
+                rendered = list(result.messages) if offered else without_restore_tool(list(result.messages))
+                (out_body, state.previous) = exchange.build(rendered, prepared, state.previous)
                 estimate = self.sessions.estimate(state, state.encoding or encoding, result, exchange.tools)
             except Exception as exc:  # noqa: BLE001 - fail-open covers every engine failure
                 failure = exc
@@ -181,9 +212,9 @@ class _Proxy:
             return error(fmt, 400, _TOO_DEEP, "invalid_request_error")
         on_answer = self.sessions.answered(session_id, turn, len(messages), estimate, chain_events(prepared))
         headers = [(STATUS_HEADER, "managed")] + _summary_headers(session_id, name, result)
-        if fmt is CHAT and self.restore_rounds and restore_loop.offers_tool(out_body, field(result, "omitted"), field(result, "compacted")):
+        if offered:
             rounds = Rounds(estimate, state.encoding or encoding)
-            return await self.restores.forward(request, out_body, session_id, on_answer, headers, rounds)
+            return await self.restores.forward(request, out_body, session_id, on_answer, headers, rounds, protocol)
         return await self.upstream.forward(request, out, fmt, on_answer=on_answer, headers=headers)
 
     async def chat_completions(self, request: Request) -> Response:

@@ -93,7 +93,7 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--upstream-timeout", type=float, default=None,
                         help=f"seconds the upstream may send nothing before a 504 (default $CONTEXTRENDER_UPSTREAM_TIMEOUT or {DEFAULT_UPSTREAM_TIMEOUT:g})")
     parser.add_argument("--restore-rounds", type=int, default=DEFAULT_RESTORE_ROUNDS,
-                        help=f"restore rounds per chat-completions request: the model may take back omitted results with the "
+                        help=f"restore rounds per request (every protocol): the model may take back omitted results with the "
                              f"tool contextrender_restore, answered by the proxy (default {DEFAULT_RESTORE_ROUNDS}; 0: never offered)")
     parser.add_argument("--no-inspector", action="store_true",
                         help="do not serve the session inspector page at /contextrender/ (served to loopback clients only)")

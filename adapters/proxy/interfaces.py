@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-__all__ = ["Backend", "Exchange", "Format", "StreamReader", "field"]
+__all__ = ["Backend", "Exchange", "Format", "RoundReader", "Rounds", "StreamReader", "field"]
 
 
 class Backend(Protocol):
@@ -73,6 +73,79 @@ class Format(Protocol):
     def stream_error(self, message: str) -> bytes:
         """An error event in the protocol's shape, for a stream whose status is sent: the
         protocol's SDKs raise on it."""
+        ...
+
+
+class RoundReader(Protocol):
+    """One streamed upstream answer during a request that may take restore rounds: `feed` gives
+    the bytes to relay to the agent now, `close` what is left at the end; then `restore_round`
+    says whether the answer was a restore round, `answer()` is it as the model gave it, and
+    `usage` its usage as the protocol reported it."""
+
+    restore_round: bool
+    usage: Any
+
+    def feed(self, chunk: bytes) -> list[bytes]: ...
+
+    def close(self) -> list[bytes]: ...
+
+    def answer(self) -> Any: ...
+
+
+class Rounds(Protocol):
+    """A protocol's restore rounds (proxy/restores.py does the I/O): when the restore tool may be
+    offered, how it is added, how an answer tells a round from the agent's answer, and the turns a
+    round appends. An answer is the protocol's own (`split` reads a whole one, `stream` a
+    streamed one); its `restore_first` says whether its first tool call is a restore call, and
+    `restore_calls` are the restore calls."""
+
+    fmt: Format
+
+    def declares(self, body: dict) -> bool:
+        """Whether the request declares a tool of the restore tool's name itself."""
+        ...
+
+    def offers(self, body: dict, omitted: int, compacted: int) -> bool:
+        """Whether this request can be given the restore tool (the render left a result out)."""
+        ...
+
+    def payload(self, body: dict, offered: bool, added: list) -> dict:
+        """The body of one upstream call: the agent's request, the tool when `offered`, and the
+        turns of the rounds so far (`added`)."""
+        ...
+
+    def normal(self, added: list) -> list[dict]:
+        """The turns of rounds in the engine's normal form (to count their tokens)."""
+        ...
+
+    def split(self, body: bytes) -> Any:
+        """A whole answer's restore calls (None when it is not an answer)."""
+        ...
+
+    def handle(self, call: Any) -> str:
+        """The handle a restore call asks for (ValueError saying what to fix)."""
+        ...
+
+    def round_turns(self, answer: Any, contents: list[tuple[Any, bool]]) -> list:
+        """The turns a round appends: the answer with its restore calls only, then each call's
+        answer (`contents`: the restored content, or an error text and True)."""
+        ...
+
+    def strip(self, body: bytes) -> bytes | None:
+        """A whole answer without its restore calls (None when it has none)."""
+        ...
+
+    def stream(self, may_restore: bool, carry: dict) -> RoundReader:
+        """A reader of one streamed answer; `carry` is shared by the answers of one request (what
+        the agent was sent already: a round's next answer continues the same response)."""
+        ...
+
+    def session_usage(self, usage: Any) -> dict:
+        """A reported usage as the session records it."""
+        ...
+
+    def stream_error(self, message: str) -> bytes:
+        """An error event inside a started stream, in the protocol's shape."""
         ...
 
 

@@ -1,7 +1,9 @@
-"""Restore rounds for chat completions, their I/O: the request goes upstream with the restore tool
+"""Restore rounds, their I/O, for every protocol: the request goes upstream with the restore tool
 offered, the proxy answers the model's restore calls from the store and asks again (up to the
 proxy's `restore_rounds`), and the agent gets the one answer that is its own, whole or streamed
-(docs/restores.md). How an answer is read, and the messages of a round, are `restore_loop.py`."""
+(docs/protocols.md). How an answer is read, and the turns of a round, are the protocol's
+`Rounds`: `restore_loop.py` (chat completions), `anthropic_restore.py` (Messages),
+`responses_restore.py` (Responses)."""
 
 from __future__ import annotations
 
@@ -20,9 +22,7 @@ from starlette.concurrency import run_in_threadpool
 
 from contextrender_adapters import restore_loop
 from contextrender_adapters.core import get_tokenizer
-from contextrender_adapters.formats import EventReader
-from contextrender_adapters.proxy.chat import CHAT, chat_usage
-from contextrender_adapters.proxy.interfaces import Backend, field
+from contextrender_adapters.proxy.interfaces import Backend, Rounds as Protocol, field
 from contextrender_adapters.proxy.relay import Pending, cut_message, raw, streaming
 from contextrender_adapters.proxy.sessions import Sessions
 from contextrender_adapters.proxy.upstream import Upstream, error, unless_gone
@@ -54,10 +54,11 @@ class Rounds:
         self.extra_estimate = 0
         self.encoding = encoding
 
-    def called(self) -> None:
-        """One more upstream call: after the first, its input is the first's plus the rounds."""
+    def called(self, protocol: Protocol) -> None:
+        """One more upstream call: after the first, its input is the first's plus the rounds
+        (counted in the engine's normal form)."""
         if self.messages:
-            self.extra_estimate += self.estimate + get_tokenizer(self.encoding).history_tokens(self.messages)
+            self.extra_estimate += self.estimate + get_tokenizer(self.encoding).history_tokens(protocol.normal(self.messages))
 
     def answered(self, usage: dict) -> None:
         """A call's usage as the session records it (summed over the request's calls)."""
@@ -71,20 +72,8 @@ class Rounds:
         return out
 
 
-class _Ending:
-    """Whether a chat-completions stream has sent its final event (`data: [DONE]`)."""
-
-    def __init__(self) -> None:
-        self._events = EventReader()
-        self.done = False
-
-    def feed(self, chunk: bytes) -> None:
-        if not self.done:
-            self.done = any(data.strip() == "[DONE]" for (_, data) in self._events.feed(chunk))
-
-
 class Restores:
-    """Forwards chat-completions requests that offer the restore tool, and answers its rounds."""
+    """Forwards requests that offer the restore tool, and answers their rounds."""
 
     def __init__(self, upstream: Upstream, sessions: Sessions, backend: Backend, limit: int) -> None:
         self.upstream = upstream
@@ -94,7 +83,7 @@ class Restores:
 
     async def forward(
         self, request: Request, body: dict, session_id: str, on_answer: OnAnswer,
-        headers: Sequence[tuple[str, str]], rounds: Rounds,
+        headers: Sequence[tuple[str, str]], rounds: Rounds, protocol: Protocol,
     ) -> Response:
         """Forward `body` with the restore tool offered, answer the restore rounds the model asks
         for, and return the one answer that is the agent's. Until the response starts, a client
@@ -104,57 +93,58 @@ class Restores:
         url = self.upstream.url(request.url.path, request.url.query)
         whole = self._stream if body.get("stream") else self._whole
         return await self.upstream.watched(
-            request, lambda gone: whole(url, sent, body, session_id, on_answer, list(headers), rounds, gone),
+            request, lambda gone: whole(url, sent, body, session_id, on_answer, list(headers), rounds, protocol, gone),
             f"client left during a restore round of session {session_id}",
         )
 
-    def _request(self, url: str, sent: list, body: dict, offered: bool, rounds: Rounds) -> httpx.Request:
-        rounds.called()
-        payload = restore_loop.with_tool(body, offered)
-        payload["messages"] = list(body["messages"]) + rounds.messages
+    @staticmethod
+    def _request(url: str, sent: list, body: dict, offered: bool, rounds: Rounds, protocol: Protocol) -> httpx.Request:
+        rounds.called(protocol)
+        payload = protocol.payload(body, offered, rounds.messages)
         return httpx.Request("POST", url, headers=sent, content=json.dumps(payload, ensure_ascii=False).encode())
 
-    async def _answer_round(self, session_id: str, calls: restore_loop.AnswerCalls, rounds: Rounds) -> None:
+    async def _answer_round(self, session_id: str, calls: Any, rounds: Rounds, protocol: Protocol) -> None:
         """Answer each restore call from the store (a tool error when it cannot be: the model goes
         on without it) and add the round to the next upstream request."""
-        contents: list[Any] = []
+        contents: list[tuple[Any, bool]] = []
         state = self.sessions.session(session_id)
         async with state.lock:  # a restore writes its edge: one writer per session
             for call in calls.restore_calls:
                 handle = ""
                 try:
-                    handle = restore_loop.handle_of(call)
+                    handle = protocol.handle(call)
                     restored = await run_in_threadpool(self.backend.restore, session_id, handle)
-                    contents.append(field(restored, "message").get("content"))
+                    contents.append((field(restored, "message").get("content"), False))
                 except Exception as exc:  # noqa: BLE001 - the model gets the error as the tool's answer
                     log.info("session %s: restore of %r refused: %s", session_id, handle, exc)
-                    contents.append(restore_loop.tool_error(handle, str(exc)))
-        rounds.messages.extend(restore_loop.round_messages(calls, contents))
+                    contents.append((restore_loop.tool_error(handle, str(exc)), True))
+        rounds.messages.extend(protocol.round_turns(calls, contents))
         rounds.count += 1
 
     async def _whole(
         self, url: str, sent: list, body: dict, session_id: str, on_answer: OnAnswer,
-        headers: list, rounds: Rounds, gone: asyncio.Future,
+        headers: list, rounds: Rounds, protocol: Protocol, gone: asyncio.Future,
     ) -> Response:
+        fmt = protocol.fmt
         while True:
             offered = rounds.count < self.limit
             try:
-                response = await unless_gone(gone, self.upstream.client.send(self._request(url, sent, body, offered, rounds)))
+                response = await unless_gone(gone, self.upstream.client.send(self._request(url, sent, body, offered, rounds, protocol)))
             except httpx.HTTPError as exc:
-                return self.upstream.failed(exc, CHAT, headers + rounds.headers())
+                return self.upstream.failed(exc, fmt, headers + rounds.headers())
             answer = response.content  # decoded: the agent gets it without content-encoding
             out_headers = self.upstream.response_headers(response, decoded=True)
-            (message, usage) = CHAT.answer(answer) if response.status_code == 200 else (None, {})
+            (message, usage) = fmt.answer(answer) if response.status_code == 200 else (None, {})
             rounds.answered(usage)
-            calls = restore_loop.split_answer(message) if message else None
+            calls = protocol.split(answer) if message else None
             if calls is not None and offered and calls.restore_first:
-                await self._answer_round(session_id, calls, rounds)
+                await self._answer_round(session_id, calls, rounds, protocol)
                 with contextlib.suppress(ValueError, AttributeError):
                     restore_loop.add_usage(rounds.usage, json.loads(answer).get("usage"))
                 continue
             if calls is not None and calls.restore_calls:
-                answer = restore_loop.strip_restore_calls(answer) or answer
-                message = CHAT.answer(answer)[0]
+                answer = protocol.strip(answer) or answer
+                message = fmt.answer(answer)[0]
             task = on_answer(message, rounds.reported, rounds.extra_estimate) if response.status_code == 200 else None
             plain = Response(answer, status_code=response.status_code, background=task)
             plain.raw_headers = raw(out_headers + headers + rounds.headers()) + [(b"content-length", str(len(answer)).encode())]
@@ -162,11 +152,13 @@ class Restores:
 
     async def _stream(
         self, url: str, sent: list, body: dict, session_id: str, on_answer: OnAnswer,
-        headers: list, rounds: Rounds, gone: asyncio.Future,
+        headers: list, rounds: Rounds, protocol: Protocol, gone: asyncio.Future,
     ) -> Response:
-        seen = CHAT.reader()  # what the agent received, rebuilt: the answer the session stores
+        fmt = protocol.fmt
+        seen = fmt.reader()  # what the agent received, rebuilt: the answer the session stores
         pending = Pending()
         upstream = self.upstream
+        carry: dict = {}  # what the agent was sent already, shared by the answers of the request
 
         async def run() -> AsyncIterator[Any]:
             # Yields the response's start (status, headers) once, right before its first bytes,
@@ -175,16 +167,17 @@ class Restores:
             while True:
                 offered = rounds.count < self.limit
                 try:
-                    response = await upstream.client.send(self._request(url, sent, body, offered, rounds), stream=True)
+                    response = await upstream.client.send(self._request(url, sent, body, offered, rounds, protocol), stream=True)
                 except httpx.HTTPError as exc:
                     if not started:
-                        yield upstream.failed(exc, CHAT, headers + rounds.headers())
+                        yield upstream.failed(exc, fmt, headers + rounds.headers())
                     else:
-                        yield CHAT.stream_error(f"upstream {upstream.base} failed during a restore round: {exc}")
+                        yield protocol.stream_error(f"upstream {upstream.base} failed during a restore round: {exc}")
                     return
                 out_headers = upstream.response_headers(response, decoded=True)
-                reader = restore_loop.StreamRound(may_restore=offered)
-                ending = _Ending()
+                reader = protocol.stream(offered, carry)
+                # Whether this round's stream reached its final event ([DONE], message_stop, response.completed).
+                ending = fmt.reader()
                 try:
                     if response.status_code != 200:
                         failed = await response.aread()
@@ -192,7 +185,7 @@ class Restores:
                             yield (response.status_code, out_headers)
                             yield failed
                         else:
-                            yield CHAT.stream_error(f"upstream answered {response.status_code} during a restore round: "
+                            yield protocol.stream_error(f"upstream answered {response.status_code} during a restore round: "
                                                         f"{failed[:500].decode('utf-8', 'replace')}")
                         return
                     async for chunk in response.aiter_bytes():
@@ -213,25 +206,26 @@ class Restores:
                     if ending.done:
                         pass  # cut after its final event: the answer is whole
                     elif not started:
-                        yield upstream.failed(exc, CHAT, cut=True)
+                        yield upstream.failed(exc, fmt, cut=True)
                         return
                     else:
                         message = cut_message(upstream.base, exc)
                         log.warning("%s", message)
-                        yield CHAT.stream_error(message)
+                        yield protocol.stream_error(message)
                         return
                 finally:
                     await response.aclose()
+                ending.feed(b"\n\n")
                 if not ending.done:
-                    # The body ended before `data: [DONE]`: a cut answer (or round) is a failure.
+                    # The body ended before the protocol's final event: a cut answer (or round) is a failure.
                     message = cut_message(upstream.base, None)
                     log.warning("%s", message)
-                    yield (error(CHAT, 502, f"ContextRender proxy: {message}", "upstream_error") if not started
-                           else CHAT.stream_error(message))
+                    yield (error(fmt, 502, f"ContextRender proxy: {message}", "upstream_error") if not started
+                           else protocol.stream_error(message))
                     return
-                rounds.answered(chat_usage(reader.usage))
+                rounds.answered(protocol.session_usage(reader.usage))
                 if reader.restore_round:
-                    await self._answer_round(session_id, reader.answer(), rounds)
+                    await self._answer_round(session_id, reader.answer(), rounds, protocol)
                     restore_loop.add_usage(rounds.usage, reader.usage)
                     continue
                 if not started:
