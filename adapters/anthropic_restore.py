@@ -114,10 +114,6 @@ class MessagesRounds:
     def session_usage(self, usage: Any) -> dict:
         return anthropic._usage(usage)
 
-    def stream_error(self, message: str) -> bytes:
-        error = {"type": "error", "error": {"type": "api_error", "message": f"ContextRender proxy: {message}"}}
-        return b"event: error\ndata: " + json.dumps(error).encode() + b"\n\n"
-
 
 MESSAGES_ROUNDS = MessagesRounds()
 

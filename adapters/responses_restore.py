@@ -108,11 +108,6 @@ class ResponsesRounds:
     def session_usage(self, usage: Any) -> dict:
         return openai_usage(usage, "input_tokens", "output_tokens")
 
-    def stream_error(self, message: str) -> bytes:
-        error = {"type": "error", "code": "upstream_error", "message": f"ContextRender proxy: {message}", "param": None,
-                 "sequence_number": 0}
-        return b"event: error\ndata: " + json.dumps(error).encode() + b"\n\n"
-
 
 RESPONSES_ROUNDS = ResponsesRounds()
 

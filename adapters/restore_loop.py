@@ -361,8 +361,5 @@ class ChatRounds:
 
         return chat_usage(usage)
 
-    def stream_error(self, message: str) -> bytes:
-        return b"data: " + json.dumps({"error": {"message": f"ContextRender proxy: {message}", "type": "upstream_error"}}).encode() + b"\n\n"
-
 
 CHAT_ROUNDS = ChatRounds()

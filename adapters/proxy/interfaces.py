@@ -144,10 +144,6 @@ class Rounds(Protocol):
         """A reported usage as the session records it."""
         ...
 
-    def stream_error(self, message: str) -> bytes:
-        """An error event inside a started stream, in the protocol's shape."""
-        ...
-
 
 def field(report: Any, name: str) -> Any:
     """A field of an engine report: an object in-process, a dict from the server's client."""

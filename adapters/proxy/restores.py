@@ -172,7 +172,7 @@ class Restores:
                     if not started:
                         yield upstream.failed(exc, fmt, headers + rounds.headers())
                     else:
-                        yield protocol.stream_error(f"upstream {upstream.base} failed during a restore round: {exc}")
+                        yield fmt.stream_error(f"upstream {upstream.base} failed during a restore round: {exc}")
                     return
                 out_headers = upstream.response_headers(response, decoded=True)
                 reader = protocol.stream(offered, carry)
@@ -185,7 +185,7 @@ class Restores:
                             yield (response.status_code, out_headers)
                             yield failed
                         else:
-                            yield protocol.stream_error(f"upstream answered {response.status_code} during a restore round: "
+                            yield fmt.stream_error(f"upstream answered {response.status_code} during a restore round: "
                                                         f"{failed[:500].decode('utf-8', 'replace')}")
                         return
                     async for chunk in response.aiter_bytes():
@@ -196,6 +196,15 @@ class Restores:
                                 yield (200, out_headers)
                             seen.feed(frame)
                             yield frame
+                    ending.feed(b"\n\n")
+                    if not ending.done:
+                        # The body ended before the protocol's final event: a cut answer (or round)
+                        # is a failure, and the round reader's closing frames are not sent.
+                        message = cut_message(upstream.base, None)
+                        log.warning("%s", message)
+                        yield (error(fmt, 502, f"ContextRender proxy: {message}", "upstream_error") if not started
+                               else fmt.stream_error(message))
+                        return
                     for frame in reader.close():
                         if not started:
                             started = True
@@ -211,18 +220,10 @@ class Restores:
                     else:
                         message = cut_message(upstream.base, exc)
                         log.warning("%s", message)
-                        yield protocol.stream_error(message)
+                        yield fmt.stream_error(message)
                         return
                 finally:
                     await response.aclose()
-                ending.feed(b"\n\n")
-                if not ending.done:
-                    # The body ended before the protocol's final event: a cut answer (or round) is a failure.
-                    message = cut_message(upstream.base, None)
-                    log.warning("%s", message)
-                    yield (error(fmt, 502, f"ContextRender proxy: {message}", "upstream_error") if not started
-                           else protocol.stream_error(message))
-                    return
                 rounds.answered(protocol.session_usage(reader.usage))
                 if reader.restore_round:
                     await self._answer_round(session_id, reader.answer(), rounds, protocol)
