@@ -52,5 +52,5 @@ def test_bad_handles_and_a_down_server_are_sentences_for_the_model(engine, caplo
     assert "no stored result" in restore_tool(engine, "no-such-session")("r1")
     down = restore_tool(Client(f"http://127.0.0.1:{free_port()}", timeout=2), "run-b")
     with caplog.at_level(logging.WARNING, logger="contextrender.tools"):
-        assert "could not restore 'r1' now (ConnectError)" in down("r1")
+        assert "could not restore 'r1' now (ServerUnavailable)" in down("r1")
     assert any("restore of r1 in session run-b failed" in r.getMessage() for r in caplog.records)
