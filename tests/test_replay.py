@@ -8,7 +8,7 @@ import pytest
 from contextrender_adapters.core import get_tokenizer
 from contextrender_eval.replay import Replayer, summarise
 from tests.conftest import assistant, call, tool, user
-from tests.test_render import filler
+from tests.test_render import PAPER, filler
 
 TOK = get_tokenizer()
 
@@ -79,8 +79,8 @@ def folding_trace() -> dict:
 
 def test_an_event_whose_result_a_stub_names_is_one_restore_away(tmp_path):
     # At B = 700 one ~400-token result fits: the first result is left out under a stub naming
-    # its handle (nothing is folded: the prose is short).
-    stats = Replayer([("contextrender", 700)], store=tmp_path / "r", progress=False).run([hand_trace()])
+    # its handle (the paper's layout and per-call selection: nothing is folded, the newest is shown).
+    stats = Replayer([("contextrender", 700)], settings=PAPER, store=tmp_path / "r", progress=False).run([hand_trace()])
     r = row(summarise(stats), "contextrender", 700)
     assert r["recall"] == 0.0 and r["named"] == 1 and r["reachable"] == 100.0
     assert r["restores"] == 0 and r["recall_after_restores"] != r["recall_after_restores"]  # NaN: no oracle
@@ -100,8 +100,8 @@ def test_a_folded_result_is_unreachable_without_the_fold_index_and_named_with_it
 
 def test_the_oracle_restores_what_a_reuse_needs_and_pays_for_the_round(tmp_path):
     variants = [("full", 700), ("contextrender", 700)]
-    plain = Replayer(variants, store=tmp_path / "a", progress=False).run([hand_trace()])
-    oracle = Replayer(variants, store=tmp_path / "b", progress=False, oracle=True).run([hand_trace()])
+    plain = Replayer(variants, settings=PAPER, store=tmp_path / "a", progress=False).run([hand_trace()])
+    oracle = Replayer(variants, settings=PAPER, store=tmp_path / "b", progress=False, oracle=True).run([hand_trace()])
     r = row(summarise(oracle), "contextrender", 700)
     assert r["recall"] == 0.0 and r["recall_after_restores"] == 100.0
     assert r["restores"] == 1 and r["restore_rounds"] == 1
