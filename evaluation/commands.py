@@ -147,8 +147,9 @@ def run_sweep(args: argparse.Namespace) -> int:
     for path in files:
         budgets = args.tau_budgets if "tau" in path.stem else args.swe_budgets
         raw = out / "raw" / f"{path.stem}.json"
-        meta = {"file": path.name, "limit": args.limit, "budgets": budgets, "selectors": selectors, "settings": settings,
-                "oracle_restore": args.oracle_restore}
+        meta = {"file": path.name, "limit": args.limit, "budgets": budgets, "selectors": selectors, "settings": settings}
+        if args.oracle_restore:  # (raw files of plain sweeps stay reusable)
+            meta["oracle_restore"] = True
         if args.reuse_raw and raw.exists():
             saved = json.loads(raw.read_text())
             if {k: saved.get(k) for k in meta} == meta:
