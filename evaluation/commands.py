@@ -152,7 +152,7 @@ def run_sweep(args: argparse.Namespace) -> int:
             meta["oracle_restore"] = True
         if args.reuse_raw and raw.exists():
             saved = json.loads(raw.read_text())
-            if {k: saved.get(k) for k in meta} == meta:
+            if {k: saved.get(k) for k in meta} == meta and saved.get("oracle_restore", False) == args.oracle_restore:
                 datasets[path.stem] = saved
                 print(f"{path.name}: reusing {raw}", file=sys.stderr)
                 continue
