@@ -8,8 +8,9 @@ The replay harness cannot replay a model's decision to restore, so this script p
 model: before each recorded assistant turn it renders the history like `contextrender replay`
 (contextrender, B = --budget), and every B.4 reuse event of that turn whose result is not visible
 in full is restored (`Engine.restore`, from that turn) when the rendered history names its handle
-(a stub, or a compacted result's note): a model can only ask for a handle it sees, and results of
-folded turns leave no stub. Weight 0 is the paper's formula (restores recorded, not scored);
+in text ContextRender wrote (a stub, a compacted result's note, the fold marker's index): a model
+can only ask for a handle it sees. (`contextrender replay --oracle-restore` replays the same
+oracle with the cost of its rounds; this script varies the restore weight.) Weight 0 is the paper's formula (restores recorded, not scored);
 weight w adds w to c_t per restore (the render setting `restore_weight`, 2 by default). Per weight
 it prints the B.4 recall before any restore of that turn, the restores the oracle made, the missed
 events it could not name, and, for events of results restored at an earlier turn, how often the
@@ -27,7 +28,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from contextrender_adapters import Engine  # noqa: E402
-from contextrender_eval.evaluate import reuse_events, visible_results  # noqa: E402
+from contextrender_adapters.core import content_text  # noqa: E402
+from contextrender_eval.evaluate import named_handles, reuse_events, visible_results  # noqa: E402
 from contextrender_eval.replay import assistant_turns, load_traces  # noqa: E402
 
 
@@ -47,6 +49,7 @@ def main() -> None:
         for event in reuse_events(messages):
             events[event.turn].append(event)
         originals = {m["tool_call_id"]: m["content"] for m in messages if m["role"] == "tool"}
+        texts = {content_text(m.get("content")) for m in messages if m["role"] != "tool"}
         for weight in weights:
             engine = Engine(tempfile.mkdtemp(prefix="restore-recall-"))
             restored: set[str] = set()
@@ -57,7 +60,7 @@ def main() -> None:
                 result = engine.render("t", budget=args.budget, explain=True, restore_weight=weight)
                 visible = visible_results(result.messages, originals)
                 handles = {d.call_id: d.handle for d in result.decisions}
-                named = "\n".join(str(m.get("content")) for m in result.messages if m["role"] == "tool")
+                named = named_handles(result.messages, originals, texts)
                 for event in events[j]:
                     shown = event.call_id in visible
                     counts["events"] += 1
@@ -67,7 +70,7 @@ def main() -> None:
                         counts["after restore, visible"] += shown
                     if shown:
                         continue
-                    if f'handle "{handles[event.call_id]}"' not in named:
+                    if handles[event.call_id] not in named:
                         counts["missed, no handle shown"] += 1
                         continue
                     engine.restore("t", handles[event.call_id])

@@ -50,6 +50,10 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--price-embedding", type=float, default=prices.embedding, help="USD per 1M embedding tokens (eq. 3: 0.13)")
     parser.add_argument("--set", dest="params", action="append", default=[], metavar="NAME=VALUE",
                         help="any other RenderConfig setting for every render, e.g. --set fold_target=0.25 (repeatable)")
+    parser.add_argument("--oracle-restore", action="store_true",
+                        help="replay a model that, before each reuse, restores every result it needs that the rendered "
+                             "history names (one restore round per turn, priced with the prefix cache); each selector but "
+                             "full gets its own session")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
@@ -122,10 +126,11 @@ def run_replay(args: argparse.Namespace) -> int:
     (selectors, settings) = plan
     traces = load_traces(args.traces, args.limit)
     variants = [(s, b) for b in args.budgets for s in selectors]
-    stats = Replayer(variants, settings=settings, progress=not args.no_progress).run(traces)
+    stats = Replayer(variants, settings=settings, progress=not args.no_progress, oracle=args.oracle_restore).run(traces)
     rows = summarise(stats, _prices(args))
     if args.json:
         json.dump({"traces": len(traces), "files": args.traces, "limit": args.limit, "settings": settings,
+                   "oracle_restore": args.oracle_restore,
                    "prices": vars(_prices(args)), "rows": rows}, sys.stdout, indent=1, default=float)
         print()
     else:
@@ -149,16 +154,18 @@ def run_sweep(args: argparse.Namespace) -> int:
         budgets = args.tau_budgets if "tau" in path.stem else args.swe_budgets
         raw = out / "raw" / f"{path.stem}.json"
         meta = {"file": path.name, "limit": args.limit, "budgets": budgets, "selectors": selectors, "settings": settings}
+        if args.oracle_restore:  # (raw files of plain sweeps stay reusable)
+            meta["oracle_restore"] = True
         if args.reuse_raw and raw.exists():
             saved = json.loads(raw.read_text())
-            if {k: saved.get(k) for k in meta} == meta:
+            if {k: saved.get(k) for k in meta} == meta and saved.get("oracle_restore", False) == args.oracle_restore:
                 datasets[path.stem] = saved
                 print(f"{path.name}: reusing {raw}", file=sys.stderr)
                 continue
         traces = load_traces([path], args.limit)
         print(f"{path.name}: {len(traces)} traces, budgets {budgets}, {len(selectors)} selectors", file=sys.stderr)
         stats = Replayer([(s, b) for b in budgets for s in selectors], settings=settings,
-                         progress=not args.no_progress).run(traces)
+                         progress=not args.no_progress, oracle=args.oracle_restore).run(traces)
         saved = meta | {"traces": len(traces), "stats": [v.to_dict() for v in stats.values()]}
         raw.write_text(json.dumps(saved))
         datasets[path.stem] = saved

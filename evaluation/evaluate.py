@@ -4,6 +4,7 @@ prefix cache, and inference cost by equation 3 (4.2, C.2). Pure functions, no en
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -87,6 +88,43 @@ def visible_results(rendered: list[dict], originals: dict[str, Any]) -> set[str]
         for m in rendered
         if m.get("role") == "tool" and m.get("tool_call_id") in originals and m.get("content") == originals[m["tool_call_id"]]
     }
+
+
+# A handle as ContextRender's texts name it (engine/notices.jac): `r<n>` standing alone.
+HANDLE_NAMED = re.compile(r"(?<![\w/.:-])(r\d+)(?![\w/.-])")
+
+
+def written_texts(rendered: list[dict], originals: dict[str, Any], texts: set[str]) -> list[str]:
+    """The texts of the rendered messages that ContextRender wrote (a stub, a compacted result's
+    note, the fold marker and its index, a condensed message's note): every message content that
+    is not the recorded one (`originals`: tool results by call id; `texts`: the other messages'
+    content texts)."""
+    out = []
+    for m in rendered:
+        content = m.get("content")
+        if m.get("role") == "tool":
+            if content != originals.get(m.get("tool_call_id")):
+                out.append(content_text(content))
+        elif content is not None:
+            text = content_text(content)
+            if text and text not in texts:
+                out.append(text)
+    return out
+
+
+def named_handles(rendered: list[dict], originals: dict[str, Any], texts: set[str]) -> set[str]:
+    """Handles named in text ContextRender wrote into the rendered history: results one restore away."""
+    return {h for text in written_texts(rendered, originals, texts) for h in HANDLE_NAMED.findall(text)}
+
+
+def result_handles(messages: list[dict]) -> dict[str, str]:
+    """Call id -> handle of each tool result of a transcript ingested in order into one session
+    (ingestion numbers results r1, r2, ...; the replay checks this against the engine)."""
+    out: dict[str, str] = {}
+    for m in messages:
+        if m.get("role") == "tool" and m.get("tool_call_id") not in out:
+            out[m["tool_call_id"]] = f"r{len(out) + 1}"
+    return out
 
 
 class PrefixCache:
@@ -184,6 +222,8 @@ class VariantStats:
 
     selector: str
     budget: int
+    # Replayed with the oracle's restores (recall_after_restores is measured).
+    oracle: bool = False
     events: dict[str, int] = field(default_factory=lambda: {name: 0 for name, _, _ in AGE_BINS})
     hits: dict[str, int] = field(default_factory=lambda: {name: 0 for name, _, _ in AGE_BINS})
     renders: int = 0
@@ -200,6 +240,14 @@ class VariantStats:
     # Managed renders that appended to the previous one, and that re-rendered (stable policy).
     appends: int = 0
     rerenders: int = 0
+    # Reachability of the reuse events not in view: one restore away (text ContextRender wrote in
+    # the rendered history names the result's handle), else unreachable.
+    named: int = 0
+    # The oracle-restore replay: results restored before a reuse, the rounds they took (one per
+    # turn that restores), and the events in view after them.
+    restores: int = 0
+    restore_rounds: int = 0
+    hits_after_restores: int = 0
 
     def recall(self, bin_name: str | None = None) -> float:
         names = [bin_name] if bin_name else list(self.events)
@@ -209,25 +257,38 @@ class VariantStats:
     def event_count(self, bin_name: str | None = None) -> int:
         return self.events[bin_name] if bin_name else sum(self.events.values())
 
+    def reachable(self) -> float:
+        """Share (%) of reuse events in view or one restore away."""
+        total = self.event_count()
+        return 100.0 * (sum(self.hits.values()) + self.named) / total if total else float("nan")
+
+    def recall_after_restores(self) -> float:
+        """Share (%) of reuse events in view once the oracle's restores are answered."""
+        total = self.event_count()
+        return 100.0 * self.hits_after_restores / total if total else float("nan")
+
     def to_dict(self) -> dict:
         return {
-            "selector": self.selector, "budget": self.budget,
+            "selector": self.selector, "budget": self.budget, "oracle": self.oracle,
             "events": self.events, "hits": self.hits, "renders": self.renders, "managed": self.managed,
             "history_sum": self.history_sum, "history_max": self.history_max,
             "input_sum": self.input_sum, "input_max": self.input_max,
             "latency_ms": [round(x, 3) for x in self.latency_ms],
             "usage": {k: vars(v) for k, v in self.usage.items()},
             "needs_management": self.needs_management, "summary_calls": self.summary_calls,
-            "appends": self.appends, "rerenders": self.rerenders,
+            "appends": self.appends, "rerenders": self.rerenders, "named": self.named,
+            "restores": self.restores, "restore_rounds": self.restore_rounds,
+            "hits_after_restores": self.hits_after_restores,
         }
 
     @classmethod
     def from_dict(cls, data: dict) -> "VariantStats":
-        stats = cls(selector=data["selector"], budget=data["budget"])
+        stats = cls(selector=data["selector"], budget=data["budget"], oracle=data.get("oracle", False))
         for name in ("events", "hits", "renders", "managed", "history_sum", "history_max", "input_sum",
                      "input_max", "latency_ms", "needs_management", "summary_calls"):
             setattr(stats, name, data[name])
-        for name in ("appends", "rerenders"):  # raw files written before the stable policy lack them
+        # Raw files written before the stable policy (appends, rerenders) or before reachability lack them.
+        for name in ("appends", "rerenders", "named", "restores", "restore_rounds", "hits_after_restores"):
             setattr(stats, name, data.get(name, 0))
         stats.usage = {k: Usage(**v) for k, v in data["usage"].items()}
         return stats

@@ -27,7 +27,9 @@ from contextrender_eval.evaluate import (
     VariantStats,
     age_bin,
     cost_summary,
+    named_handles,
     percentile,
+    result_handles,
     reuse_events,
     visible_results,
 )
@@ -53,16 +55,18 @@ def load_traces(paths: Iterable[str | os.PathLike[str]], limit: int = 0) -> list
     return traces
 
 
-def assistant_turns(engine: Any, session_id: str, messages: list[dict]) -> Iterator[tuple[int, dict]]:
+def assistant_turns(engine: Any, session_id: str | list[str], messages: list[dict]) -> Iterator[tuple[int, dict]]:
     """Each assistant turn j of a transcript, as a live agent reaches it: the events before it
-    are ingested (only the new ones) before (j, messages[j]) is yielded, so the session holds
-    `messages[:j]`; turn j itself is never ingested."""
+    are ingested (only the new ones, into each of the sessions named) before (j, messages[j]) is
+    yielded, so the session holds `messages[:j]`; turn j itself is never ingested."""
+    sessions = [session_id] if isinstance(session_id, str) else list(session_id)
     done = 0
     for j, message in enumerate(messages):
         if message.get("role") != "assistant":
             continue
         if messages[done:j]:
-            engine.ingest(session_id, messages[done:j], append=True)
+            for session in sessions:
+                engine.ingest(session, messages[done:j], append=True)
         done = j
         yield j, message
 
@@ -77,14 +81,18 @@ class Replayer:
     """Replays traces under a set of (selector, budget) variants into VariantStats."""
 
     def __init__(self, variants: list[Variant], *, settings: dict[str, Any] | None = None,
-                 store: str | os.PathLike[str] | None = None, progress: bool = True) -> None:
+                 store: str | os.PathLike[str] | None = None, progress: bool = True, oracle: bool = False) -> None:
         from contextrender_adapters.core import get_tokenizer
         from contextrender_adapters.engine import Engine
 
         self.variants = variants
         self.settings = dict(settings or {})
         self.tokenizer = get_tokenizer(self.settings.get("encoding", "o200k_base"))
-        self.stats: dict[Variant, VariantStats] = {v: VariantStats(selector=v[0], budget=v[1]) for v in variants}
+        self.stats: dict[Variant, VariantStats] = {v: VariantStats(selector=v[0], budget=v[1], oracle=oracle) for v in variants}
+        # The oracle-restore replay: before each reuse, a simulated model restores every result it
+        # needs that the rendered history names; each variant but `full` then has its own session
+        # (a restore changes the session's later renders).
+        self.oracle = oracle
         self._root = Path(store) if store else Path(tempfile.mkdtemp(prefix="contextrender-replay-"))
         self._engine_cls = Engine
         self.progress = progress
@@ -111,21 +119,34 @@ class Replayer:
         engine = self._engine_cls(store)
         tok = self.tokenizer
         originals = {m["tool_call_id"]: m.get("content") for m in messages if m.get("role") == "tool"}
+        texts = {content_text(m.get("content")) for m in messages if m.get("role") != "tool"}
+        handles = result_handles(messages)
         by_turn: dict[int, list] = defaultdict(list)
         for event in reuse_events(messages):
             by_turn[event.turn].append(event)
+        # The session each variant renders from: the trace's, or (oracle) one of its own.
+        own = [v for v in self.variants if self.oracle and v[0] != "full"]
+        session_of = {v: f"{trace['id']}#{i}" if v in own else trace["id"] for i, v in enumerate(self.variants)}
+        shared = [v for v in self.variants if v not in own]
         memo: dict = {}
         caches = {v: PrefixCache(tok, memo) for v in self.variants}
         usage = {v: Usage() for v in self.variants}
         needed = {v: False for v in self.variants}
         embedded = sum(tok.count(content_text(m.get("content"))[:EMBED_CLIP]) for m in messages if m.get("role") == "tool")
-        requests = [{"budget": b, "selector": s, **self.settings} for (s, b) in self.variants]
-        for j, message in assistant_turns(engine, trace["id"], messages):
-            results = engine.render_variants(trace["id"], requests)
+
+        def request(v: Variant) -> dict:
+            return {"budget": v[1], "selector": v[0], **self.settings}
+
+        sessions = sorted(set(session_of.values()))
+        for j, message in assistant_turns(engine, sessions, messages):
+            results = dict(zip(shared, engine.render_variants(trace["id"], [request(v) for v in shared]))) if shared else {}
+            for v in own:
+                results[v] = engine.render_variants(session_of[v], [request(v)])[0]
             output = tok.message_tokens(message)
             query = tok.count(latest_exchange_text(messages[:j]))
             events = by_turn.get(j, [])
-            for variant, result in zip(self.variants, results):
+            for variant in self.variants:
+                result = results[variant]
                 stats = self.stats[variant]
                 inputs, cached = caches[variant].request(result.messages)
                 use = usage[variant]
@@ -148,19 +169,69 @@ class Replayer:
                 if managed:
                     stats.latency_ms.append(result.render_ms)
                 if events:
-                    visible = visible_results(result.messages, originals)
-                    for event in events:
-                        name = age_bin(event.age)
-                        stats.events[name] += 1
-                        stats.hits[name] += int(event.call_id in visible)
+                    restored = self._reach(engine, session_of[variant], variant, result, events, originals, texts, handles)
+                    if restored and variant in own:
+                        self._restore_round(engine, session_of[variant], result, restored, handles, caches[variant], use)
+                        stats.restores += len(restored)
+                        stats.restore_rounds += 1
+                    if self.oracle:
+                        visible = visible_results(result.messages, originals) | set(restored)
+                        stats.hits_after_restores += sum(1 for e in events if e.call_id in visible)
             if bar is not None:
                 bar.update(1)
+        self._check_handles(engine, trace["id"], handles)
         for variant in self.variants:
             if self._embeds[variant[0]][0]:
                 usage[variant].embedding += embedded
             self.stats[variant].usage[key] = usage[variant]
             self.stats[variant].needs_management[key] = needed[variant]
         shutil.rmtree(store, ignore_errors=True)
+
+    def _reach(self, engine: Any, session: str, variant: Variant, result: Any, events: list, originals: dict,
+               texts: set[str], handles: dict[str, str]) -> list[str]:
+        """Counts each reuse event of this turn as in view, one restore away or unreachable; returns
+        the call ids one restore away (each once, in event order): what the oracle restores."""
+        stats = self.stats[variant]
+        visible = visible_results(result.messages, originals)
+        named = named_handles(result.messages, originals, texts) if any(e.call_id not in visible for e in events) else set()
+        away: list[str] = []
+        for event in events:
+            name = age_bin(event.age)
+            stats.events[name] += 1
+            if event.call_id in visible:
+                stats.hits[name] += 1
+            elif handles.get(event.call_id) in named:
+                stats.named += 1
+                if event.call_id not in away:
+                    away.append(event.call_id)
+        return away
+
+    def _restore_round(self, engine: Any, session: str, result: Any, call_ids: list[str], handles: dict[str, str],
+                       cache: PrefixCache, use: Usage) -> None:
+        """One restore round as the proxy makes it: the model answers the rendered request with a
+        restore call per result (output), the proxy restores them and asks again with the round
+        appended (input: the rendered request, cached, plus the round)."""
+        from contextrender_adapters.core import RESTORE_TOOL
+
+        calls = [{"id": f"restore-{i}", "type": "function",
+                  "function": {"name": RESTORE_TOOL, "arguments": json.dumps({"handle": handles[c]})}}
+                 for i, c in enumerate(call_ids)]
+        answer = {"role": "assistant", "content": None, "tool_calls": calls}
+        answers = [{"role": "tool", "tool_call_id": call["id"], "content": engine.restore(session, handles[c]).message.get("content")}
+                   for call, c in zip(calls, call_ids)]
+        inputs, cached = cache.request(list(result.messages) + [answer] + answers)
+        use.output += self.tokenizer.message_tokens(answer)
+        use.input += inputs
+        use.cached += cached
+
+    def _check_handles(self, engine: Any, session: str, handles: dict[str, str]) -> None:
+        """The handles the replay assumed (ingestion order) are the engine's."""
+        if not handles:
+            return
+        known = {d.call_id: d.handle for d in engine.explain(session).decisions}
+        wrong = [c for c, h in handles.items() if c in known and known[c] != h]
+        if wrong:
+            raise RuntimeError(f"result {wrong[0]!r} has handle {known[wrong[0]]!r} in the engine, not {handles[wrong[0]]!r}")
 
 
 class _NoBar:
@@ -200,6 +271,9 @@ def summarise(stats: dict[Variant, VariantStats], prices: Prices = Prices()) -> 
                 "latency_p50_ms": percentile(v.latency_ms, 50), "latency_p95_ms": percentile(v.latency_ms, 95),
                 "summary_calls": v.summary_calls,
                 "rerender_share": v.rerenders / v.managed if v.managed else 0.0,
+                "reachable": v.reachable(), "named": v.named,
+                "recall_after_restores": v.recall_after_restores() if v.oracle else float("nan"),
+                "restores": v.restores, "restore_rounds": v.restore_rounds,
             }
             row.update(costs.get(selector, {}))
             rows.append(row)
@@ -213,7 +287,9 @@ def _fmt(value: Any, digits: int = 1) -> str:
 
 
 TABLE_COLUMNS = (
-    ("selector", "selector", 0), ("B", "budget", 0), ("recall %", "recall", 1), ("events", "events", 0),
+    ("selector", "selector", 0), ("B", "budget", 0), ("recall %", "recall", 1),
+    ("in view or 1 restore %", "reachable", 1), ("after restores %", "recall_after_restores", 1),
+    ("restores", "restores", 0), ("events", "events", 0),
     ("<=3", "<=3", 1), ("4-10", "4-10", 1), ("11-25", "11-25", 1), (">25", ">25", 1),
     ("hist mean", "history_mean", 0), ("hist max", "history_max", 0), ("max/B", "history_max_over_budget", 2),
     ("input mean", "input_mean", 0), ("managed %", "managed_pct", 0),

@@ -15,7 +15,9 @@ from contextrender_eval.evaluate import (
     cost_cached,
     cost_eq3,
     cost_summary,
+    named_handles,
     percentile,
+    result_handles,
     reuse_events,
     visible_results,
 )
@@ -78,6 +80,26 @@ def test_only_the_complete_original_text_is_visible():
         user("summary mentions RESULT_B full"),
     ]
     assert visible_results(rendered, originals) == {"a"}
+
+
+def test_a_handle_counts_as_named_only_in_text_contextrender_wrote():
+    originals = {"a": "result a mentions r9", "b": "result b"}
+    texts = {"user asks about r8", "agent"}
+    rendered = [
+        {"role": "system", "content": "agent"},
+        user("[ContextRender: the oldest messages ... left out]\nr3 bash: ls src/r4.py\nbash results: r1 r2"),
+        user("user asks about r8"),                     # recorded text: names nothing
+        tool("a", "result a mentions r9"),              # the recorded result
+        tool("b", 'this result is omitted. call contextrender_restore with handle "r5".'),
+    ]
+    # r4 is part of a file name, not a handle.
+    assert named_handles(rendered, originals, texts) == {"r1", "r2", "r3", "r5"}
+
+
+def test_results_are_numbered_in_ingestion_order_once_per_call():
+    messages = [user("q"), assistant(None, call("x", "f", {})), tool("x", "1"), tool("x", "1 again"),
+                assistant(None, call("y", "f", {})), tool("y", "2")]
+    assert result_handles(messages) == {"x": "r1", "y": "r2"}
 
 
 def test_prefix_cache_counts_leading_messages_identical_to_the_previous_request():

@@ -173,6 +173,62 @@ def test_non_tool_history_beyond_budget_is_folded_with_a_marker(engine):
     assert_sound(result, budget)
 
 
+def folded_session(rounds: int) -> list[dict]:
+    """Long prose around small results: a small budget folds the oldest turns and their results."""
+    messages = [user("fix the bug")]
+    for i in range(rounds):
+        messages += [assistant(f"step {i} " + filler(f"p{i}q", 120), call(f"c{i}", "run", {"command": f"pytest tests/t{i}.py"})),
+                     tool(f"c{i}", f"OUT_{i} " + filler(f"o{i}z", 40))]
+    return messages
+
+
+def test_the_fold_marker_names_every_folded_result_it_has_room_for(engine):
+    import re
+
+    messages = folded_session(10)
+    budget = 1500
+    result = engine.render("s", messages, budget=budget, explain=True)
+    marker = history_of(result)[0]["content"]
+    handles = {d.call_id: d.handle for d in result.decisions}
+    shown = {m.get("tool_call_id") for m in result.messages if m["role"] == "tool"}
+    # c_i's result is at position 2 + 2i: those before the fold's end are folded.
+    folded = [f"c{i}" for i in range(10) if 2 * i + 2 < result.folded_messages]
+    assert folded and "contextrender_restore" in marker
+    for call_id in folded:
+        if call_id not in shown:
+            assert re.search(rf"(?<!\w){handles[call_id]}(?!\w)", marker), (call_id, marker)
+    # The newest folded result is described by its call's command too.
+    newest = folded[-1]
+    assert f"{handles[newest]} run: pytest tests/t{newest[1:]}.py" in marker
+    assert_sound(result, budget)
+
+
+def test_the_fold_index_is_sent_again_while_the_fold_stays(engine):
+    messages = folded_session(12)
+    budget = 1500
+    markers = []
+    for j in range(len(messages)):
+        if messages[j]["role"] != "assistant" or j < 8:
+            continue
+        result = engine.render("s", messages[:j], budget=budget)
+        assert_sound(result, budget)
+        if result.folded_messages:
+            markers.append((result.folded_messages, history_of(result)[0]["content"]))
+    assert len(markers) > 2
+    # One marker text per fold: it changes only where the fold moved.
+    by_fold: dict = {}
+    for fold, text in markers:
+        assert by_fold.setdefault(fold, text) == text
+
+
+def test_without_the_fold_index_the_marker_is_the_constant_one(engine):
+    from engine.notices import fold_marker
+
+    budget = 1500
+    result = engine.render("s", folded_session(10), budget=budget, fold_index_share=0.0)
+    assert result.folded_messages > 0 and history_of(result)[0] == fold_marker(budget)
+
+
 def test_a_single_overlong_recent_message_is_condensed(engine):
     messages = [user("hi"), assistant(filler("word", 3000)), user("go")]
     budget = 500

@@ -8,7 +8,7 @@ import pytest
 from contextrender_adapters.core import get_tokenizer
 from contextrender_eval.replay import Replayer, summarise
 from tests.conftest import assistant, call, tool, user
-from tests.test_render import filler
+from tests.test_render import PAPER, filler
 
 TOK = get_tokenizer()
 
@@ -64,3 +64,52 @@ def test_a_result_kept_in_full_by_a_managed_render_counts_as_visible(tmp_path):
     rows = summarise(stats)
     assert row(rows, "prune", 700)["managed_share"] > 0 and row(rows, "prune", 700)["recall"] == 100.0
     assert row(rows, "prune", 200)["recall"] == 0.0
+
+
+def folding_trace() -> dict:
+    """Long prose between six ~200-token results: a small budget folds the oldest turns; the last
+    turn reuses the first result's id."""
+    messages = [{"role": "system", "content": "agent"}, user("find the order")]
+    for i in range(6):
+        messages += [assistant(f"step {i} " + filler(f"p{i}q", 150), call(f"c{i}", "lookup", {"key": f"k{i}"})),
+                     tool(f"c{i}", f"KEY_{i}_ID " + filler(f"w{i}z", 50))]
+    messages.append(assistant("the order is KEY_0_ID"))
+    return {"id": "f1", "messages": messages, "dataset": "hand"}
+
+
+def test_an_event_whose_result_a_stub_names_is_one_restore_away(tmp_path):
+    # At B = 700 one ~400-token result fits: the first result is left out under a stub naming
+    # its handle (the paper's layout and per-call selection: nothing is folded, the newest is shown).
+    stats = Replayer([("contextrender", 700)], settings=PAPER, store=tmp_path / "r", progress=False).run([hand_trace()])
+    r = row(summarise(stats), "contextrender", 700)
+    assert r["recall"] == 0.0 and r["named"] == 1 and r["reachable"] == 100.0
+    assert r["restores"] == 0 and r["recall_after_restores"] != r["recall_after_restores"]  # NaN: no oracle
+
+
+def test_a_folded_result_is_unreachable_without_the_fold_index_and_named_with_it(tmp_path):
+    budget = 1500
+    variants = [("contextrender", budget)]
+    without = Replayer(variants, settings={"fold_index_share": 0.0}, store=tmp_path / "a", progress=False).run([folding_trace()])
+    r = row(summarise(without), "contextrender", budget)
+    assert r["recall"] == 0.0 and r["reachable"] == 0.0
+    with_index = Replayer(variants, store=tmp_path / "b", progress=False).run([folding_trace()])
+    r = row(summarise(with_index), "contextrender", budget)
+    assert r["recall"] == 0.0 and r["named"] == 1 and r["reachable"] == 100.0
+    assert r["history_max"] <= budget
+
+
+def test_the_oracle_restores_what_a_reuse_needs_and_pays_for_the_round(tmp_path):
+    variants = [("full", 700), ("contextrender", 700)]
+    plain = Replayer(variants, settings=PAPER, store=tmp_path / "a", progress=False).run([hand_trace()])
+    oracle = Replayer(variants, settings=PAPER, store=tmp_path / "b", progress=False, oracle=True).run([hand_trace()])
+    r = row(summarise(oracle), "contextrender", 700)
+    assert r["recall"] == 0.0 and r["recall_after_restores"] == 100.0
+    assert r["restores"] == 1 and r["restore_rounds"] == 1
+    # The round: the restore call is output, the request sent again with it is input (all of the
+    # rendered request cached, the round itself not).
+    before, after = plain[variants[1]].usage["hand/h1"], oracle[variants[1]].usage["hand/h1"]
+    restored = TOK.message_tokens(hand_trace()["messages"][3])
+    assert after.output > before.output
+    assert after.cached > before.cached
+    assert (after.input - after.cached) - (before.input - before.cached) >= restored
+    assert row(summarise(oracle), "full", 700)["restores"] == 0
