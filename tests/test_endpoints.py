@@ -14,7 +14,7 @@ import httpx
 import pytest
 from jaclang.runtimelib.server import ModuleIntrospector
 
-from contextrender_adapters import AsyncClient, Client, Engine, InvalidRequest, core
+from contextrender_adapters import AsyncClient, Client, Engine, InvalidRequest, Restoration, core
 from contextrender_adapters.client import Rendered
 from contextrender_adapters.endpoints import ENDPOINTS
 from tests.conftest import assistant, call, tool, user
@@ -123,7 +123,10 @@ def fake_server(sent: list) -> httpx.MockTransport:
         walker = request.url.path.removeprefix("/walker/")
         sent.append((walker, json.loads(request.content)))
         render = {"messages": [user("hi")], "budget": 1000, "history_tokens": 5}
-        report = {"render": render, "renders": [render, render], "value": {"walker": walker}}[ENDPOINTS[walker].returns]
+        restoration = {"session_id": "s", "handle": "r1", "call_id": "c1", "tool_name": "lookup", "position": 2,
+                       "tokens": 7, "message": tool("c1", "ORD-1"), "restores": 1, "recorded": True}
+        report = {"render": render, "renders": [render, render], "restoration": restoration,
+                  "value": {"walker": walker}}[ENDPOINTS[walker].returns]
         return httpx.Response(200, json={"ok": True, "data": {"reports": [report]}})
 
     return httpx.MockTransport(answer)
@@ -137,6 +140,9 @@ def check_client_calls(sent: list, outcomes: list) -> None:
             assert isinstance(outcome, Rendered) and outcome.history_tokens == 5
         elif endpoint.returns == "renders":
             assert [type(r) for r in outcome] == [Rendered, Rendered]
+        elif endpoint.returns == "restoration":
+            # The same type Engine.restore returns, read from the report's fields.
+            assert isinstance(outcome, Restoration) and (outcome.handle, outcome.message["content"]) == ("r1", "ORD-1")
         else:
             assert outcome == {"walker": walker}
 
