@@ -129,7 +129,7 @@ def test_contextrender_down_the_run_completes_with_the_sdks_own_input(upstream, 
     assert result.final_output == "Finished without ContextRender."
     last = sent(upstream)[-1]["input"]
     assert [i["output"] for i in last if i.get("type") == "function_call_output"] == [body(f"src/f{i}.py") for i in range(3)]
-    assert sum("model input sent unchanged (ConnectError" in r.getMessage() for r in caplog.records) == 4
+    assert sum("model input sent unchanged (ServerUnavailable" in r.getMessage() for r in caplog.records) == 4
 
 
 def test_a_run_that_names_no_conversation_goes_unchanged_and_says_why(upstream, engine, caplog):
