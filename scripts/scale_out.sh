@@ -151,6 +151,27 @@ EOF
         urls="${urls:+$urls,}http://127.0.0.1:$port"
         ports="${ports:+$ports,}$port"
         sed -i "s|^SERVER_PIDS=.*|SERVER_PIDS=$pids|" "$state"
+        if [ "$i" = 1 ] && [ "$servers" -gt 1 ]; then
+            # The first process creates jac-scale's internal accounts on a new store; the others start
+            # once it answers (started together, two raced to insert the same account and one exited).
+            .venv/bin/python - "http://127.0.0.1:$port" "${pids##*,}" <<'EOF'
+import os, sys, time
+import httpx
+url, pid = sys.argv[1], int(sys.argv[2])
+deadline = time.monotonic() + 300
+while time.monotonic() < deadline:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        break  # exited: the readiness check below reports it with its log
+    try:
+        if httpx.post(f"{url}/walker/health", json={}, timeout=2).status_code < 500:
+            break
+    except httpx.HTTPError:
+        pass
+    time.sleep(0.5)
+EOF
+        fi
     done
     {
         echo "REDIS_URL=$redis_url"
