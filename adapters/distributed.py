@@ -30,6 +30,8 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
+from contextrender_adapters.request_guard import replaying
+
 logger = logging.getLogger("contextrender.distributed")
 
 DEFAULT_LEASE = 10.0
@@ -177,14 +179,7 @@ class SessionLeases:
         except ValueError:
             body = None
         session_id = body.get("session_id") if isinstance(body, dict) else None
-        replayed = False
-
-        async def replay() -> dict:
-            nonlocal replayed
-            if replayed:
-                return await receive()
-            replayed = True
-            return message
+        replay = replaying(message, receive)
 
         if not (caller and isinstance(session_id, str)):
             await self.app(scope, replay, send)

@@ -67,6 +67,21 @@ class _Refused(Exception):
         self.status, self.code, self.message, self.close = status, code, message, close
 
 
+def replaying(message: dict, receive: Any) -> Any:
+    """An ASGI `receive` that answers the body `message` (read whole before the app) once, then
+    whatever the server sends next (a disconnect)."""
+    replayed = False
+
+    async def replay() -> dict:
+        nonlocal replayed
+        if replayed:
+            return await receive()
+        replayed = True
+        return message
+
+    return replay
+
+
 class RequestGuard:
     """ASGI middleware, inside jac-scale's CORS and login middleware (a request without a token
     gets 401 before its fields are checked; every answer gets the CORS headers).
@@ -114,14 +129,7 @@ class RequestGuard:
             await send({"type": "http.response.body", "body": payload})
             return
 
-        replayed = False
-
-        async def replay() -> dict:
-            nonlocal replayed
-            if replayed:
-                return await receive()
-            replayed = True
-            return {"type": "http.request", "body": body, "more_body": False}
+        replay = replaying({"type": "http.request", "body": body, "more_body": False}, receive)
 
         if walker is None:
             await self.app(scope, replay, send)
