@@ -116,8 +116,12 @@ ENDPOINTS: dict[str, Endpoint] = {
                  """What the session inspector shows (docs/inspector.md): the session, its render
         timeline, and every result with its status in render number `render` (0: the last),
         score terms and reason (last render), reuse edges and restores."""),
-        Endpoint("walkers.sessions", "delete_session", "delete_session", "session_id: str",
-                 """Delete a session and everything stored under it."""),
+        Endpoint("walkers.sessions", "create_session", "create_session", "session_id: str, *, name: str = ''",
+                 """Create a session (or find the stored one); a `name` is kept as the name it is shown
+        with (get_session, list_sessions, the inspector). Reports its summary and `created`."""),
+        Endpoint("walkers.sessions", "delete_session", "delete_session", "session_id: str, *, if_empty: bool = False",
+                 """Delete a session and everything stored under it (with `if_empty`, only a session
+        nothing was stored in yet; `deleted` says whether it was)."""),
         Endpoint("walkers.sessions", "health", "health", "",
                  """Status, tokenizer encoding and embedding model (on a server: no login needed)."""),
     )
