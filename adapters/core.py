@@ -25,7 +25,9 @@ _FROM: dict[str, tuple[str, ...]] = {
     # and the settings check against it.
     "engine.selectors": ("SELECTORS", "render_settings"),
     "engine.score": ("latest_exchange_text",),
-    "engine.errors": ("ContextRenderError", "InvalidRequest", "UnknownSession", "UnknownResult", "HistoryConflict"),
+    "engine.errors": ("ContextRenderError", "InvalidRequest", "UnknownSession", "UnknownResult", "HistoryConflict", "ClientGone"),
+    # Where the server tells a walker that its request's client has left (adapters/request_guard.py).
+    "engine.cancel": ("CLIENT_LEFT",),
     "graph.content": ("content_text",),
     "engine.measure": ("get_tokenizer", "get_embedder", "warm_up", "EMBED_CLIP", "DEFAULT_ENCODING"),
     # The restore tool the proxy offers, as its stubs name it.

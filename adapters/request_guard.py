@@ -7,17 +7,23 @@ from __future__ import annotations
 import asyncio
 import collections
 import json
+import logging
 import os
+import threading
 import time
 from typing import Any
 
 from contextrender_adapters.locks import KeyedLocks
 from contextrender_adapters.walker_errors import map_walker_error
 
-__all__ = ["REFUSED_PREFIXES", "RequestGuard", "body_timeout", "json_problem", "max_body_bytes"]
+__all__ = ["REFUSED_PREFIXES", "ClientWatch", "RequestGuard", "body_timeout", "json_problem", "max_body_bytes"]
+
+logger = logging.getLogger("contextrender.server")
 
 DEFAULT_MAX_BODY_MB = 32
 DEFAULT_BODY_TIMEOUT = 30.0
+# The walker that makes a session (the request guard calls it ahead of a new session's first call).
+CREATE_WALKER = "create_session"
 # Sessions the per-session lock remembers as existing (the least recently used are forgotten).
 MAX_KNOWN_SESSIONS = 100_000
 # Route prefixes that are not ContextRender's: module functions, the client-app error log.
@@ -61,10 +67,42 @@ def _json_response(status: int, code: str, message: str, close: bool = False) ->
     return start, body.encode()
 
 
+def _reported(payload: bytes) -> dict:
+    """The one report of a walker's answer ({} when it has none)."""
+    try:
+        reports = (json.loads(payload).get("data") or {}).get("reports") or [{}]
+    except (ValueError, AttributeError):
+        return {}
+    return reports[0] if isinstance(reports[0], dict) else {}
+
+
 class _Refused(Exception):
     def __init__(self, status: int, code: str, message: str, close: bool = False) -> None:
         super().__init__(message)
         self.status, self.code, self.message, self.close = status, code, message, close
+
+
+class ClientWatch:
+    """Whether a request's client has left, once its body is read: the next ASGI message is then
+    the disconnect (the client closed the connection), or, when the answer is complete, the
+    server's own. `left` is set when the client has gone; the app's own reads after the body
+    (`receive`) get the same message."""
+
+    def __init__(self, receive: Any) -> None:
+        self.left = threading.Event()
+        self._next = asyncio.ensure_future(self._watch(receive))
+
+    async def _watch(self, receive: Any) -> dict:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            self.left.set()
+        return message
+
+    async def receive(self) -> dict:
+        return await asyncio.shield(self._next)
+
+    def stop(self) -> None:
+        self._next.cancel()
 
 
 def replaying(message: dict, receive: Any) -> Any:
@@ -138,25 +176,95 @@ class RequestGuard:
         if not (caller and isinstance(session_id, str)):
             await self.app(scope, replay, self.mapped(send))
             return
+        from contextrender_adapters import core
+
         key = (caller, session_id)
+        watch = ClientWatch(receive)
+        # The walker's thread gets a copy of this context: the walker sees `watch.left` (engine/cancel.jac).
+        token = core.CLIENT_LEFT.set(watch.left)
+        try:
+            async with self.locks.hold_async(key):
+                if watch.left.is_set():
+                    logger.info("%s of %s: the client left while the call waited for its session; not run", walker, caller)
+                    return
+                await self.serve(scope, body, walker, key, watch, send)
+            if watch.left.is_set():
+                logger.info("%s of %s: the client left before its answer (the call stopped at its next safe point "
+                            "or finished)", walker, caller)
+        finally:
+            core.CLIENT_LEFT.reset(token)
+            watch.stop()
+
+    async def serve(self, scope: dict, body: bytes, walker: str, key: tuple, watch: ClientWatch, send: Any) -> None:
+        """A walker call on session `key`, its lock held. A call that may create or delete a session
+        changes the user's root (its directory shelf), which jaclang commits optimistically: such
+        calls on different sessions would retry each other and could fail (a 500 after five
+        attempts), or, before the retry existed, make a session twice or lose one. So the user's
+        lock serialises the creation of a new session, a call of its own (`create_session`,
+        committed at once), and `delete_session`; the call itself then runs on the session that
+        now exists, beside the user's other calls. A call that fails after its session was made
+        for it deletes it again if nothing was stored in it: a refused first call leaves no session."""
+        (caller, session_id) = key
+        replay = replaying({"type": "http.request", "body": body, "more_body": False}, watch.receive)
         answered: dict[str, int] = {}
-        async with self.locks.hold_async(key):
-            # A call that may create or delete a session changes the user's root, which jaclang
-            # commits optimistically: such calls on different sessions retry each other and can
-            # fail (a 500 after five attempts). They wait for each other, per user; calls on a
-            # session this process has seen answered do not.
-            if walker in self.root_writers and (walker == "delete_session" or key not in self.known):
-                async with self.locks.hold_async((caller,)):
-                    await self.app(scope, replay, self.mapped(send, answered))
-            else:
+        created = False
+        if walker == "delete_session" or (walker == CREATE_WALKER and key not in self.known):
+            async with self.locks.hold_async((caller,)):
                 await self.app(scope, replay, self.mapped(send, answered))
-            if walker == "delete_session":
-                self.known.pop(key, None)
-            elif answered.get("status", 500) < 300:
-                self.known[key] = True
-                self.known.move_to_end(key)
-                while len(self.known) > MAX_KNOWN_SESSIONS:
-                    self.known.popitem(last=False)
+        else:
+            if walker in self.root_writers and key not in self.known:
+                async with self.locks.hold_async((caller,)):
+                    (start, payload) = await self.subcall(scope, CREATE_WALKER, {"session_id": session_id}, watch)
+                if start["status"] >= 300:
+                    await send(start)
+                    await send({"type": "http.response.body", "body": payload})
+                    return
+                created = _reported(payload).get("created") is True
+                self.remember(key)
+            await self.app(scope, replay, self.mapped(send, answered))
+        if walker == "delete_session":
+            self.known.pop(key, None)
+        elif answered.get("status", 500) < 300:
+            self.remember(key)
+        elif created:
+            # The client did not get the session it asked for: take back the empty one made for it
+            # (even when the client has left: the call is ours now).
+            from contextrender_adapters import core
+
+            token = core.CLIENT_LEFT.set(None)
+            try:
+                async with self.locks.hold_async((caller,)):
+                    await self.subcall(scope, "delete_session", {"session_id": session_id, "if_empty": True}, watch)
+            finally:
+                core.CLIENT_LEFT.reset(token)
+            self.known.pop(key, None)
+
+    async def subcall(self, scope: dict, walker: str, fields: dict, watch: ClientWatch) -> tuple[dict, bytes]:
+        """Call `walker` with `fields` as the request's caller (its login and headers), through the
+        app the request goes to; its answer (the start message with the mapped status, the body)."""
+        body = json.dumps(fields).encode()
+        path = f"/walker/{walker}"
+        headers = [(k, v) for (k, v) in scope.get("headers") or [] if k.lower() not in (b"content-length", b"transfer-encoding")]
+        sub = dict(scope, path=path, raw_path=path.encode(), headers=headers + [(b"content-length", str(len(body)).encode())])
+        answer: dict[str, Any] = {"chunks": []}
+
+        async def capture(message: dict) -> None:
+            if message["type"] == "http.response.start":
+                answer["start"] = message
+            elif message["type"] == "http.response.body":
+                answer["chunks"].append(message.get("body", b""))
+
+        await self.app(sub, replaying({"type": "http.request", "body": body, "more_body": False}, watch.receive),
+                       self.mapped(capture))
+        start = answer.get("start") or {"type": "http.response.start", "status": 500, "headers": []}
+        return start, b"".join(answer["chunks"])
+
+    def remember(self, key: tuple) -> None:
+        """`key` is a session this process has seen exist (the least recently used are forgotten)."""
+        self.known[key] = True
+        self.known.move_to_end(key)
+        while len(self.known) > MAX_KNOWN_SESSIONS:
+            self.known.popitem(last=False)
 
     def check_route(self, path: str) -> None:
         if path == "/admin" or path.startswith("/admin/"):

@@ -1,0 +1,156 @@
+"""The request guard's session locks and its watch on the client (adapters/request_guard.py), on a
+fake walker app: a new session is made under the user's lock in a call of its own, and not behind
+another session's ingestion; a call whose client has left is not run, or sees that it has."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+from contextrender_adapters import core
+from contextrender_adapters.request_guard import RequestGuard
+
+ROOT_WRITERS = {"create_session", "ingest_events", "render_context", "configure_session", "delete_session"}
+
+
+class FakeWalkers:
+    """An ASGI app answering /walker/<name> as jac-scale does (the reports in `data`). An ingest
+    of a session in `held` waits until the test releases it; `failing` sessions answer 400."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, str]] = []
+        self.held: dict[str, asyncio.Event] = {}
+        self.entered: dict[str, asyncio.Event] = {}
+        self.failing: set[str] = set()
+        self.sessions: set[str] = set()
+        self.creating = 0
+        self.most_creating = 0
+        self.left_seen: dict[str, bool] = {}
+
+    async def __call__(self, scope: dict, receive, send) -> None:
+        body = json.loads((await receive())["body"])
+        walker, session = scope["path"].removeprefix("/walker/"), body["session_id"]
+        self.calls.append((walker, session))
+        status, report = 200, {}
+        if walker == "create_session":
+            self.creating += 1
+            self.most_creating = max(self.most_creating, self.creating)
+            await asyncio.sleep(0.02)  # another creation would overlap now if it were let in
+            self.creating -= 1
+            report = {"created": session not in self.sessions}
+            self.sessions.add(session)
+        elif walker == "delete_session":
+            self.sessions.discard(session)
+        else:
+            self.entered.setdefault(session, asyncio.Event()).set()
+            if session in self.held:
+                await self.held[session].wait()
+            # What engine/cancel.jac reads in the walker's thread.
+            self.left_seen[session] = core.CLIENT_LEFT.get().is_set()
+            if session in self.failing:
+                status = 400
+        payload = json.dumps({"ok": status < 300, "data": {"reports": [report]}}).encode()
+        await send({"type": "http.response.start", "status": status, "headers": [(b"content-type", b"application/json")]})
+        await send({"type": "http.response.body", "body": payload})
+
+
+class Request:
+    """One request to the guard: its answer, and a client that can leave."""
+
+    def __init__(self, guard: RequestGuard, walker: str, session: str, user: str = "alice") -> None:
+        self.gone = asyncio.Event()
+        self.status: int | None = None
+        body = json.dumps({"session_id": session, "messages": []}).encode()
+        scope = {"type": "http", "path": f"/walker/{walker}", "headers": [(b"content-length", str(len(body)).encode())],
+                 "state": {"username": user}}
+        messages = [{"type": "http.request", "body": body, "more_body": False}]
+
+        async def receive() -> dict:
+            if messages:
+                return messages.pop()
+            await self.gone.wait()
+            return {"type": "http.disconnect"}
+
+        async def send(message: dict) -> None:
+            if message["type"] == "http.response.start":
+                self.status = message["status"]
+
+        self.task = asyncio.ensure_future(guard(scope, receive, send))
+
+
+def run(test) -> None:
+    app = FakeWalkers()
+    guard = RequestGuard(app, fields_of=lambda name, caller: None, root_writers=ROOT_WRITERS)
+    asyncio.run(asyncio.wait_for(test(app, guard), timeout=60))
+
+
+def test_a_new_session_is_not_made_to_wait_behind_another_sessions_ingestion():
+    async def test(app: FakeWalkers, guard: RequestGuard) -> None:
+        app.held["big"] = asyncio.Event()
+        big = Request(guard, "ingest_events", "big")
+        await app.entered.setdefault("big", asyncio.Event()).wait()
+        # The big ingestion of a new session is running; the same user's new session is answered
+        # meanwhile (before this change it waited for the big one's end, which never comes here).
+        small = Request(guard, "ingest_events", "small")
+        await small.task
+        assert small.status == 200 and not big.task.done()
+        app.held["big"].set()
+        await big.task
+        assert big.status == 200
+        # Each session was made by a call of its own before the call that writes it.
+        assert app.calls == [("create_session", "big"), ("ingest_events", "big"),
+                             ("create_session", "small"), ("ingest_events", "small")]
+
+    run(test)
+
+
+def test_new_sessions_are_made_one_at_a_time_per_user_and_a_refused_first_call_leaves_none():
+    async def test(app: FakeWalkers, guard: RequestGuard) -> None:
+        app.failing.add("bad-3")
+        requests = [Request(guard, "ingest_events", f"{'bad' if n == 3 else 'new'}-{n}") for n in range(6)]
+        requests.append(Request(guard, "ingest_events", "of-bob", user="bob"))
+        await asyncio.gather(*(r.task for r in requests))
+        assert [r.status for r in requests] == [200, 200, 200, 400, 200, 200, 200]
+        # Alice's creations never overlapped (Bob's may overlap one of hers: other root).
+        assert app.most_creating <= 2
+        creations = [s for (w, s) in app.calls if w == "create_session"]
+        assert sorted(creations) == sorted(["new-0", "new-1", "new-2", "bad-3", "new-4", "new-5", "of-bob"])
+        # The session made for the refused call is deleted again (if nothing was stored in it).
+        assert ("delete_session", "bad-3") in app.calls and "bad-3" not in app.sessions
+        # A known session is not made again.
+        again = Request(guard, "ingest_events", "new-0")
+        await again.task
+        assert app.calls[-1] == ("ingest_events", "new-0") and app.calls.count(("create_session", "new-0")) == 1
+
+    async def alice_only(app: FakeWalkers, guard: RequestGuard) -> None:
+        requests = [Request(guard, "ingest_events", f"one-of-{n}") for n in range(5)]
+        await asyncio.gather(*(r.task for r in requests))
+        assert app.most_creating == 1
+
+    run(test)
+    run(alice_only)
+
+
+def test_a_call_whose_client_left_is_not_run_and_a_running_one_sees_it():
+    async def test(app: FakeWalkers, guard: RequestGuard) -> None:
+        guard.remember(("alice", "s"))
+        app.held["s"] = asyncio.Event()
+        slow = Request(guard, "ingest_events", "s")
+        await app.entered.setdefault("s", asyncio.Event()).wait()
+        queued = Request(guard, "ingest_events", "s")
+        await asyncio.sleep(0.05)
+        queued.gone.set()  # its client leaves while it waits for the session
+        slow.gone.set()  # and the running call's client too
+        await asyncio.sleep(0.05)
+        app.held["s"].set()
+        await asyncio.gather(slow.task, queued.task)
+        # The running call saw its client leave (the walker stops at its next safe point); the
+        # queued one never reached the app; the next call of the session is served.
+        assert app.left_seen["s"] is True
+        assert app.calls == [("ingest_events", "s")]
+        del app.held["s"]
+        following = Request(guard, "ingest_events", "s")
+        await following.task
+        assert following.status == 200 and app.left_seen["s"] is False and len(guard.locks) == 0
+
+    run(test)
