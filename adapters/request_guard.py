@@ -151,7 +151,10 @@ class RequestGuard:
             self.check_route(path)
             body = await self.read_body(scope, receive)
             if body is None:
-                return  # the client left
+                # One line, and an answer nobody reads: returning none would make jac-scale's
+                # middleware log a traceback ("No response returned").
+                logger.info("%s: the client closed the connection before its request body was complete", path)
+                raise _Refused(499, "CLIENT_LEFT", "the client left before its request body was complete")
             parsed, problem = json_problem(body) if body else (None, "")
             if problem:
                 raise _Refused(400, "INVALID_JSON", problem)
@@ -186,16 +189,20 @@ class RequestGuard:
             async with self.locks.hold_async(key):
                 if watch.left.is_set():
                     logger.info("%s of %s: the client left while the call waited for its session; not run", walker, caller)
+                    start, payload = _json_response(499, "CLIENT_LEFT", "the client left before the call ran; nothing was written")
+                    await send(start)
+                    await send({"type": "http.response.body", "body": payload})
                     return
-                await self.serve(scope, body, walker, key, watch, send)
+                status = await self.serve(scope, body, walker, key, watch, send)
             if watch.left.is_set():
-                logger.info("%s of %s: the client left before its answer (the call stopped at its next safe point "
-                            "or finished)", walker, caller)
+                logger.info("%s of %s: the client left before its answer; %s", walker, caller,
+                            "the call stopped at a safe point, nothing of it was written" if status == 499
+                            else f"the call had passed its last safe point and finished ({status})")
         finally:
             core.CLIENT_LEFT.reset(token)
             watch.stop()
 
-    async def serve(self, scope: dict, body: bytes, walker: str, key: tuple, watch: ClientWatch, send: Any) -> None:
+    async def serve(self, scope: dict, body: bytes, walker: str, key: tuple, watch: ClientWatch, send: Any) -> int:
         """A walker call on session `key`, its lock held. A call that may create or delete a session
         changes the user's root (its directory shelf), which jaclang commits optimistically: such
         calls on different sessions would retry each other and could fail (a 500 after five
@@ -203,7 +210,8 @@ class RequestGuard:
         lock serialises the creation of a new session, a call of its own (`create_session`,
         committed at once), and `delete_session`; the call itself then runs on the session that
         now exists, beside the user's other calls. A call that fails after its session was made
-        for it deletes it again if nothing was stored in it: a refused first call leaves no session."""
+        for it deletes it again if nothing was stored in it: a refused first call leaves no session.
+        Returns the status answered."""
         (caller, session_id) = key
         replay = replaying({"type": "http.request", "body": body, "more_body": False}, watch.receive)
         answered: dict[str, int] = {}
@@ -218,7 +226,7 @@ class RequestGuard:
                 if start["status"] >= 300:
                     await send(start)
                     await send({"type": "http.response.body", "body": payload})
-                    return
+                    return start["status"]
                 created = _reported(payload).get("created") is True
                 self.remember(key)
             await self.app(scope, replay, self.mapped(send, answered))
@@ -238,6 +246,7 @@ class RequestGuard:
             finally:
                 core.CLIENT_LEFT.reset(token)
             self.known.pop(key, None)
+        return answered.get("status", 500)
 
     async def subcall(self, scope: dict, walker: str, fields: dict, watch: ClientWatch) -> tuple[dict, bytes]:
         """Call `walker` with `fields` as the request's caller (its login and headers), through the
