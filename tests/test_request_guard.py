@@ -6,8 +6,16 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
+import threading
+import time
+import uuid
 
+import pytest
+
+from conftest import assistant, call, tool, user
 from contextrender_adapters import core
+from contextrender_adapters.client import Client
 from contextrender_adapters.request_guard import RequestGuard
 
 ROOT_WRITERS = {"create_session", "ingest_events", "render_context", "configure_session", "delete_session"}
@@ -154,3 +162,99 @@ def test_a_call_whose_client_left_is_not_run_and_a_running_one_sees_it():
         assert following.status == 200 and app.left_seen["s"] is False and len(guard.locks) == 0
 
     run(test)
+
+
+# ---------------------------------------------------------------- the same on a real server
+
+
+def long_run(rounds: int, tag: str = "") -> list[dict]:
+    """A long agent run: `rounds` tool calls with their results (about 270 bytes a round)."""
+    messages = [user(f"start {tag}")]
+    for i in range(rounds):
+        messages.append(assistant(None, call(f"c{i}", "get", {"order": f"ORD_{i}"})))
+        messages.append(tool(f"c{i}", f"order ORD_{i} status shipped, item {i * 7}, value {i * 13}"))
+    return messages
+
+
+def sessions_of(client: Client) -> set[str]:
+    return {s["session_id"] for s in client.list_sessions()}
+
+
+def raw_post(server, token: str, walker: str, body: dict) -> tuple[socket.socket, bytes]:
+    payload = json.dumps(body).encode()
+    head = (f"POST /walker/{walker} HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {token}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(payload)}\r\n\r\n").encode()
+    return socket.create_connection(("127.0.0.1", server.port), timeout=60), head + payload
+
+
+@pytest.fixture(scope="module")
+def carol(jac_server):
+    with Client(jac_server.url) as client:
+        client.register(f"guard_{uuid.uuid4().hex[:8]}", "secret-password-1")
+        yield client
+
+
+def test_a_new_session_is_answered_while_a_long_first_ingestion_runs(jac_server, carol):
+    big = long_run(3000)  # about 0.8 MB: the test server takes at most 1 MB
+    finished = threading.Event()
+
+    def ingest_big() -> None:
+        with Client(jac_server.url, token=carol.token) as other:
+            other.ingest("long-first", big)
+        finished.set()
+
+    runner = threading.Thread(target=ingest_big)
+    runner.start()
+    # The long call's session exists (made by its own call) while its ingestion runs.
+    while "long-first" not in sessions_of(carol) and not finished.is_set():
+        time.sleep(0.02)
+    assert not finished.is_set(), "the long ingestion ended before its session was listed"
+    carol.ingest("short-new", [user("hello")])
+    # Answered while the long one is still in flight (it used to wait for its end).
+    assert not finished.is_set()
+    runner.join(timeout=600)
+    assert carol.get_session("long-first")["events"] == len(big)
+    assert carol.get_session("short-new")["events"] == 1
+
+
+def test_a_call_whose_client_left_stops_and_the_next_call_of_its_session_is_served(jac_server, carol):
+    # A new session: its call is known to be running once the session is listed; the client leaves.
+    sock, request = raw_post(jac_server, carol.token, "ingest_events", {"session_id": "left-new", "messages": long_run(3000)})
+    sock.sendall(request)
+    while "left-new" not in sessions_of(carol):
+        time.sleep(0.02)
+    sock.close()
+    # The next call of that session runs (its lock is free) and finds no trace of the one that
+    # left: it stopped before anything was committed, and the empty session made for it is gone.
+    carol.ingest("left-new", [user("only this")])
+    assert carol.get_session("left-new", include_messages=True)["messages"] == [user("only this")]
+    # A session with acknowledged events: a long call whose client leaves adds nothing, takes
+    # nothing away, and the next call is served.
+    carol.ingest("left-kept", [user("first"), assistant("acknowledged")])
+    sock, request = raw_post(jac_server, carol.token, "ingest_events",
+                             {"session_id": "left-kept", "messages": long_run(3000, "again")[1:], "append": True})
+    sock.sendall(request)
+    time.sleep(0.2)  # it is read and running: counting and embedding 6,000 events take seconds
+    sock.close()
+    carol.ingest("left-kept", [user("next")], append=True)
+    stored = carol.get_session("left-kept", include_messages=True)["messages"]
+    assert stored == [user("first"), assistant("acknowledged"), user("next")]
+
+
+def test_a_client_that_drops_mid_body_leaves_one_log_line_and_no_traceback(jac_server, carol):
+    before = jac_server.log.stat().st_size
+    sock, request = raw_post(jac_server, carol.token, "ingest_events", {"session_id": "dropped", "messages": [user("x" * 5000)]})
+    sock.sendall(request[: len(request) // 2])
+    time.sleep(0.2)
+    sock.close()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        with open(jac_server.log, "rb") as log:
+            log.seek(before)
+            written = log.read().decode(errors="replace")
+        if "before its request body was complete" in written:
+            break
+        time.sleep(0.1)
+    assert written.count("before its request body was complete") == 1, written[-2000:]
+    assert "Traceback" not in written and "No response returned" not in written, written[-2000:]
+    assert "dropped" not in sessions_of(carol)
