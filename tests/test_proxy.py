@@ -238,6 +238,8 @@ def test_any_session_header_is_managed_and_keeps_its_name(engine, upstream, prox
     assert key.startswith("proxy-named-") and named_session(sent) == (key, name)
     wait_for_events(engine, key, len(messages) + 2)
     assert [s["session_id"] for s in engine.list_sessions()] == [key]  # one session: the second request found it
+    # The session keeps the name as sent, for get_session, list_sessions and the inspector.
+    assert engine.get_session(key)["name"] == name and engine.list_sessions()[0]["name"] == name
     # Two names never share a key.
     assert named_session(sent + b"2")[0] != key
 
@@ -254,6 +256,7 @@ def test_non_ascii_session_names_are_stored_as_sent(engine, upstream, proxy):
             assert response.headers["x-contextrender-session"] == name and SESSION_NAME_HEADER not in response.headers
             wait_for_events(engine, name, len(messages))
     assert sorted(s["session_id"] for s in engine.list_sessions()) == sorted(names)
+    assert [s["name"] for s in engine.list_sessions()] == ["", ""]  # the key is the name: nothing more to keep
     assert engine.ingest(names[0], messages).added == 0
 
 

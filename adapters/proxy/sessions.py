@@ -107,6 +107,8 @@ class SessionState:
         self.warned = False
         # Whether its last request went upstream unmanaged (warned once until it is managed again).
         self.unmanaged = False
+        # Whether this process has given the session its name (`Sessions.check_name`).
+        self.named = False
 
 
 def _answer_bytes(message: dict) -> int:
@@ -171,10 +173,25 @@ class Sessions:
             break
         return messages
 
+    def check_name(self, session_id: str, state: SessionState) -> None:
+        """Keep the name the agent sent on the session, where its key is not that name (a digest:
+        `named_session`), so that get_session, list_sessions and the inspector show it (once per
+        session and process; it also creates the session). A backend that cannot store it (an
+        older server) leaves the session unnamed, and managed."""
+        if state.named or not state.name or state.name == session_id:
+            return
+        state.named = True
+        try:
+            self.backend.create_session(session_id, name=state.name)
+        except Exception as exc:  # noqa: BLE001 - a name is for display: never worth an unmanaged session
+            log.warning("session %s: its name %r was not stored: %s", session_id, state.name, exc)
+
     def check_encoding(self, session_id: str, state: SessionState, encoding: str) -> None:
         """Count a new session's tokens with its model family's encoding (once per session and
-        process). A session's own setting wins, and one that already holds events keeps the
-        encoding it was counted with (its stored counts would not match)."""
+        process), after giving it its name (`check_name`). A session's own setting wins, and one
+        that already holds events keeps the encoding it was counted with (its stored counts would
+        not match)."""
+        self.check_name(session_id, state)
         if state.encoding == encoding:
             return
         try:
