@@ -137,6 +137,8 @@ async function sessionsView() {
     el("h1", { text: `Sessions (${sessions.length})` }),
     rows.length ? table("sessions", [
       { label: "session", cell: (s) => el("a", { href: `#/session/${encodeURIComponent(s.session_id)}`, text: s.session_id }) },
+      // The name the agent sent, where the key is a digest of it (the proxy's long or odd headers).
+      { label: "name", cell: (s) => s.name || "" },
       { label: "created", cell: (s) => when(s.created_at) },
       { label: "events", num: true, cell: (s) => fmt(s.events) },
       { label: "branch", num: true, cell: (s) => fmt(s.branch) },
@@ -220,6 +222,11 @@ function resultsTable(data) {
   ], data.results, { rowAttrs: (r) => ({ "data-handle": r.handle, "data-status": r.status }) });
 }
 
+// A session's heading: its name when it has one, with its key.
+function titled(id, name) {
+  return name && name !== id ? `Session ${name} (${id})` : `Session ${id}`;
+}
+
 async function sessionView(id, renderNumber) {
   const data = await call("inspect_session", { session_id: id, render: renderNumber || 0 });
   const s = data.session;
@@ -227,7 +234,7 @@ async function sessionView(id, renderNumber) {
   const last = data.renders.length ? data.renders[data.renders.length - 1] : null;
   crumbs([{ text: "sessions", href: "#/" }, { text: id }]);
   const parts = [
-    el("h1", { text: `Session ${id}` }), tabs(id, "renders"),
+    el("h1", { text: titled(id, s.name) }), tabs(id, "renders"),
     el("div", { class: "cards", id: "summary" },
       card("events", fmt(s.events), "card-events"), card("tool results", fmt(s.tool_results), "card-results"),
       card("model calls", fmt(s.invocations), "card-invocations"), card("history tokens", fmt(s.history_tokens), "card-tokens"),
