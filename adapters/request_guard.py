@@ -85,18 +85,28 @@ class _Refused(Exception):
 class ClientWatch:
     """Whether a request's client has left, once its body is read: the next ASGI message is then
     the disconnect (the client closed the connection), or, when the answer is complete, the
-    server's own. `left` is set when the client has gone; the app's own reads after the body
-    (`receive`) get the same message."""
+    server's own. `left` is set when the client has gone before its answer started (`send`
+    marks that); the app's own reads after the body (`receive`) get the same message."""
 
     def __init__(self, receive: Any) -> None:
         self.left = threading.Event()
+        self.answered = False
         self._next = asyncio.ensure_future(self._watch(receive))
 
     async def _watch(self, receive: Any) -> dict:
         message = await receive()
-        if message["type"] == "http.disconnect":
+        if message["type"] == "http.disconnect" and not self.answered:
             self.left.set()
         return message
+
+    def sending(self, send: Any) -> Any:
+        """`send`, marking the answer started at its first message."""
+        async def watched(message: dict) -> None:
+            if message["type"] == "http.response.start":
+                self.answered = True
+            await send(message)
+
+        return watched
 
     async def receive(self) -> dict:
         return await asyncio.shield(self._next)
@@ -193,7 +203,7 @@ class RequestGuard:
                     await send(start)
                     await send({"type": "http.response.body", "body": payload})
                     return
-                status = await self.serve(scope, body, walker, key, watch, send)
+                status = await self.serve(scope, body, walker, key, watch, watch.sending(send))
             if watch.left.is_set():
                 logger.info("%s of %s: the client left before its answer; %s", walker, caller,
                             "the call stopped at a safe point, nothing of it was written" if status == 499
