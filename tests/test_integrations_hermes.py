@@ -1,6 +1,6 @@
 """The Hermes plugin (integrations/hermes) in real Hermes Agent 0.19.0 conversations: AIAgent with
 its own read_file tool, the plugin loaded from its entry point, the fake upstream on loopback.
-Hermes runs in its own venv (tests/hermes_venv.py: its PyJWT pin refuses jac-scale's)."""
+Hermes runs in its own venv (tests/hermes_venv.py: the `[hermes]` extra; its PyJWT pin refuses jac-scale's)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from contextrender_adapters.fakeupstream import FakeUpstream
 from contextrender_adapters.tools import RESTORE_TOOL
 from engine.measure import get_tokenizer
 from tests.conftest import call
-from tests.hermes_venv import ENV, hermes_python
+from tests.hermes_venv import hermes_python
 
 ROOT = Path(__file__).resolve().parent.parent
 TOK = get_tokenizer()
@@ -56,7 +56,7 @@ def files(tmp_path: Path) -> Path:
 def run(python: Path, upstream, home: Path, work: Path, *turns: str, **env: str) -> dict:
     done = subprocess.run([str(python), str(ROOT / "integrations" / "hermes" / "test" / "conversation.py"), upstream.base_url, *turns],
                           cwd=work, capture_output=True, text=True, timeout=600,
-                          env=dict(os.environ, **ENV, HERMES_HOME=str(home), CONTEXTRENDER_BUDGET_SHARE=SHARE, **env))
+                          env=dict(os.environ, HERMES_HOME=str(home), CONTEXTRENDER_BUDGET_SHARE=SHARE, **env))
     assert done.returncode == 0, done.stderr[-4000:]
     return json.loads(done.stdout.strip().splitlines()[-1]) | {"stderr": done.stderr}
 
