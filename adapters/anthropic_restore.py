@@ -28,7 +28,7 @@ from typing import Any
 
 from contextrender_adapters import anthropic
 from contextrender_adapters.core import RESTORE_TOOL, content_text, restore_tool
-from contextrender_adapters.event_rounds import Answer, Event, EventRound, answer_of, parts_of, reserialised
+from contextrender_adapters.event_rounds import Answer, Event, EventRound, EventRounds, reserialised
 
 __all__ = ["MESSAGES_ROUNDS", "MessagesRounds", "tool_definition"]
 
@@ -41,81 +41,6 @@ def tool_definition() -> dict:
 
 def _is_restore(block: Any) -> bool:
     return isinstance(block, dict) and block.get("type") == "tool_use" and block.get("name") == RESTORE_TOOL
-
-
-def _answer(blocks: list[dict]) -> Answer:
-    return answer_of(blocks, lambda b: b.get("type") == "tool_use", _is_restore)
-
-
-class MessagesRounds:
-    fmt = anthropic.FORMAT
-
-    def declares(self, body: dict) -> bool:
-        tools = body.get("tools") if isinstance(body.get("tools"), list) else []
-        return any(isinstance(t, dict) and t.get("name") == RESTORE_TOOL for t in tools)
-
-    def offers(self, body: dict, omitted: int, compacted: int) -> bool:
-        choice = body.get("tool_choice")
-        kind = choice.get("type") if isinstance(choice, dict) else None
-        turns = body.get("messages") or []
-        prefill = bool(turns) and isinstance(turns[-1], dict) and turns[-1].get("role") == "assistant"
-        return bool(omitted or compacted) and kind not in ("none", "tool") and not prefill \
-            and isinstance(body.get("tools", []), list)
-
-    def payload(self, body: dict, offered: bool, added: list) -> dict:
-        out = dict(body, messages=list(body["messages"]) + added)
-        if offered:
-            out["tools"] = list(body.get("tools") or []) + [tool_definition()]
-        return out
-
-    def normal(self, added: list) -> list[dict]:
-        return anthropic.to_normal({"messages": added})[0]
-
-    def split(self, body: bytes) -> Answer | None:
-        parts = parts_of(body, "content")
-        return _answer(parts) if parts is not None else None
-
-    def handle(self, call: dict) -> str:
-        given = call.get("input")
-        if not isinstance(given, dict) or not isinstance(given.get("handle"), str):
-            raise ValueError(f'the input must be an object with a string "handle", such as {{"handle": "r17"}} (got {json.dumps(given)})')
-        return given["handle"].strip()
-
-    def round_turns(self, answer: Answer, contents: list[tuple[Any, bool]]) -> list[dict]:
-        # Thinking and text as sent (empty text blocks are refused by the API), restore calls only.
-        kept = [b for b in answer.parts if (b.get("type") != "tool_use" or b in answer.restore_calls)
-                and not (b.get("type") == "text" and not b.get("text"))]
-        results = []
-        for (call, (content, failed)) in zip(answer.restore_calls, contents):
-            result: dict[str, Any] = {"type": "tool_result", "tool_use_id": call["id"],
-                                      "content": content if isinstance(content, (str, list)) else content_text(content)}
-            if failed:
-                result["is_error"] = True
-            results.append(result)
-        return [{"role": "assistant", "content": kept}, {"role": "user", "content": results}]
-
-    def strip(self, body: bytes) -> bytes | None:
-        try:
-            answer = json.loads(body)
-            content = answer["content"]
-        except (ValueError, KeyError, TypeError):
-            return None
-        kept = [b for b in content if not _is_restore(b)]
-        if len(kept) == len(content):
-            return None
-        answer["content"] = kept
-        if answer.get("stop_reason") == "tool_use" and not any(b.get("type") == "tool_use" for b in kept):
-            answer["stop_reason"] = "end_turn"
-        return json.dumps(answer, ensure_ascii=False).encode()
-
-    def stream(self, may_restore: bool, carry: dict) -> StreamRound:
-        return StreamRound(may_restore, carry)
-
-    def session_usage(self, usage: Any) -> dict:
-        return anthropic._usage(usage)
-
-
-MESSAGES_ROUNDS = MessagesRounds()
 
 
 # ---------------------------------------------------------------- streamed answers
@@ -216,3 +141,62 @@ class StreamRound(EventRound):
             data = dict(data, delta=dict(data["delta"], stop_reason="end_turn"))
             changed = True
         return reserialised(kind, data) if changed else event.raw
+
+
+# ---------------------------------------------------------------- the rounds
+
+
+class MessagesRounds(EventRounds):
+    fmt = anthropic.FORMAT
+    turns = "messages"
+    parts = "content"
+    reader = StreamRound
+
+    def tool(self) -> dict:
+        return tool_definition()
+
+    def is_call(self, part: dict) -> bool:
+        return part.get("type") == "tool_use"
+
+    def is_restore(self, part: Any) -> bool:
+        return _is_restore(part)
+
+    def stripped(self, answer: dict) -> None:
+        if answer.get("stop_reason") == "tool_use" and not any(b.get("type") == "tool_use" for b in answer["content"]):
+            answer["stop_reason"] = "end_turn"
+
+    def offers(self, body: dict, omitted: int, compacted: int) -> bool:
+        choice = body.get("tool_choice")
+        kind = choice.get("type") if isinstance(choice, dict) else None
+        turns = body.get("messages") or []
+        prefill = bool(turns) and isinstance(turns[-1], dict) and turns[-1].get("role") == "assistant"
+        return bool(omitted or compacted) and kind not in ("none", "tool") and not prefill \
+            and isinstance(body.get("tools", []), list)
+
+    def normal(self, added: list) -> list[dict]:
+        return anthropic.to_normal({"messages": added})[0]
+
+    def handle(self, call: dict) -> str:
+        given = call.get("input")
+        if not isinstance(given, dict) or not isinstance(given.get("handle"), str):
+            raise ValueError(f'the input must be an object with a string "handle", such as {{"handle": "r17"}} (got {json.dumps(given)})')
+        return given["handle"].strip()
+
+    def round_turns(self, answer: Answer, contents: list[tuple[Any, bool]]) -> list[dict]:
+        # Thinking and text as sent (empty text blocks are refused by the API), restore calls only.
+        kept = [b for b in answer.parts if (b.get("type") != "tool_use" or b in answer.restore_calls)
+                and not (b.get("type") == "text" and not b.get("text"))]
+        results = []
+        for (call, (content, failed)) in zip(answer.restore_calls, contents):
+            result: dict[str, Any] = {"type": "tool_result", "tool_use_id": call["id"],
+                                      "content": content if isinstance(content, (str, list)) else content_text(content)}
+            if failed:
+                result["is_error"] = True
+            results.append(result)
+        return [{"role": "assistant", "content": kept}, {"role": "user", "content": results}]
+
+    def session_usage(self, usage: Any) -> dict:
+        return anthropic._usage(usage)
+
+
+MESSAGES_ROUNDS = MessagesRounds()

@@ -1,8 +1,9 @@
 """What the restore rounds of the two event-stream protocols (Anthropic Messages, Responses) share:
 an answer's parts (content blocks, output items) and its restore calls, and a streamed answer read
 event by event (`EventRound`), held back while it may still open with a restore call, decided by
-its first call. Each protocol's module says which parts are calls, what shows text, and how an
-event reaches the agent (`anthropic_restore.py`, `responses_restore.py`)."""
+its first call, and the `Rounds` methods that differ only in where a request keeps its turns and an
+answer its parts (`EventRounds`). Each protocol's module says which parts are calls, what shows
+text, and how an event reaches the agent (`anthropic_restore.py`, `responses_restore.py`)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from typing import Any
 
 from contextrender_adapters.restore_loop import _frames
 
-__all__ = ["Answer", "Event", "EventRound", "answer_of", "parse_event", "parts_of", "reserialised"]
+__all__ = ["Answer", "Event", "EventRound", "EventRounds", "answer_of", "parse_event", "parts_of", "reserialised"]
 
 
 @dataclass
@@ -39,6 +40,59 @@ def parts_of(body: bytes, key: str) -> list[dict] | None:
         return None
     parts = answer.get(key) if isinstance(answer, dict) else None
     return parts if isinstance(parts, list) and all(isinstance(p, dict) for p in parts) else None
+
+
+class EventRounds:
+    """The parts of a protocol's `Rounds` (proxy/interfaces.py) that the two event-stream protocols
+    share. A subclass names where a request keeps its turns (`turns`: "messages", "input") and an
+    answer its parts (`parts`: "content", "output"), its restore tool (`tool`), which parts are
+    calls and restore calls, and its stream reader (`reader`)."""
+
+    turns: str
+    parts: str
+    reader: type[EventRound]
+
+    def tool(self) -> dict: raise NotImplementedError
+
+    def is_call(self, part: dict) -> bool: raise NotImplementedError
+
+    def is_restore(self, part: Any) -> bool: raise NotImplementedError
+
+    def stripped(self, answer: dict) -> None:
+        """A hook: the whole answer once its restore calls are removed (to fix what names them)."""
+
+    def declares(self, body: dict) -> bool:
+        tools = body.get("tools") if isinstance(body.get("tools"), list) else []
+        return any(isinstance(t, dict) and t.get("name") == self.tool()["name"] for t in tools)
+
+    def payload(self, body: dict, offered: bool, added: list) -> dict:
+        out = dict(body, **{self.turns: list(body[self.turns]) + added})
+        if offered:
+            out["tools"] = list(body.get("tools") or []) + [self.tool()]
+        return out
+
+    def answer(self, parts: list[dict]) -> Answer:
+        return answer_of(parts, self.is_call, self.is_restore)
+
+    def split(self, body: bytes) -> Answer | None:
+        parts = parts_of(body, self.parts)
+        return self.answer(parts) if parts is not None else None
+
+    def strip(self, body: bytes) -> bytes | None:
+        try:
+            answer = json.loads(body)
+            parts = answer[self.parts]
+        except (ValueError, KeyError, TypeError):
+            return None
+        kept = [p for p in parts if not self.is_restore(p)]
+        if len(kept) == len(parts):
+            return None
+        answer[self.parts] = kept
+        self.stripped(answer)
+        return json.dumps(answer, ensure_ascii=False).encode()
+
+    def stream(self, may_restore: bool, carry: dict) -> EventRound:
+        return self.reader(may_restore, carry)
 
 
 @dataclass

@@ -27,7 +27,7 @@ from typing import Any
 
 from contextrender_adapters import responses
 from contextrender_adapters.core import RESTORE_TOOL, content_text, restore_tool
-from contextrender_adapters.event_rounds import Answer, Event, EventRound, answer_of, parts_of, reserialised
+from contextrender_adapters.event_rounds import Answer, Event, EventRound, EventRounds, reserialised
 from contextrender_adapters.formats import openai_usage
 from contextrender_adapters.restore_loop import handle_of
 
@@ -47,69 +47,6 @@ def tool_definition() -> dict:
 
 def _restore(item: Any) -> bool:
     return isinstance(item, dict) and item.get("type") == "function_call" and item.get("name") == RESTORE_TOOL
-
-
-def _answer(items: list[dict]) -> Answer:
-    return answer_of(items, lambda i: i.get("type") == "function_call", _restore)
-
-
-class ResponsesRounds:
-    fmt = responses.FORMAT
-
-    def declares(self, body: dict) -> bool:
-        tools = body.get("tools") if isinstance(body.get("tools"), list) else []
-        return any(isinstance(t, dict) and t.get("name") == RESTORE_TOOL for t in tools)
-
-    def offers(self, body: dict, omitted: int, compacted: int) -> bool:
-        choice = body.get("tool_choice")
-        forced = isinstance(choice, dict) and (choice.get("type") == "function" or (
-            choice.get("type") == "allowed_tools" and choice.get("mode") == "required"))
-        return bool(omitted or compacted) and choice != "none" and not forced and isinstance(body.get("input"), list) \
-            and isinstance(body.get("tools", []), list)
-
-    def payload(self, body: dict, offered: bool, added: list) -> dict:
-        out = dict(body, input=list(body["input"]) + added)
-        if offered:
-            out["tools"] = list(body.get("tools") or []) + [tool_definition()]
-        return out
-
-    def normal(self, added: list) -> list[dict]:
-        return responses.to_normal({"input": added})[0]
-
-    def split(self, body: bytes) -> Answer | None:
-        parts = parts_of(body, "output")
-        return _answer(parts) if parts is not None else None
-
-    def handle(self, call: dict) -> str:
-        return handle_of({"function": {"arguments": call.get("arguments") or ""}})
-
-    def round_turns(self, answer: Answer, contents: list[tuple[Any, bool]]) -> list[dict]:
-        kept = [i for i in answer.parts if i.get("type") != "function_call" or i in answer.restore_calls]
-        outputs = [{"type": "function_call_output", "call_id": call["call_id"],
-                    "output": content if isinstance(content, str) else content_text(content)}
-                   for (call, (content, _)) in zip(answer.restore_calls, contents)]
-        return kept + outputs
-
-    def strip(self, body: bytes) -> bytes | None:
-        try:
-            answer = json.loads(body)
-            output = answer["output"]
-        except (ValueError, KeyError, TypeError):
-            return None
-        kept = [i for i in output if not _restore(i)]
-        if len(kept) == len(output):
-            return None
-        answer["output"] = kept
-        return json.dumps(answer, ensure_ascii=False).encode()
-
-    def stream(self, may_restore: bool, carry: dict) -> StreamRound:
-        return StreamRound(may_restore, carry)
-
-    def session_usage(self, usage: Any) -> dict:
-        return openai_usage(usage, "input_tokens", "output_tokens")
-
-
-RESPONSES_ROUNDS = ResponsesRounds()
 
 
 # ---------------------------------------------------------------- streamed answers
@@ -195,3 +132,48 @@ class StreamRound(EventRound):
             data = dict(data, sequence_number=sequence)
             changed = True
         return reserialised(kind, data) if changed else event.raw
+
+
+# ---------------------------------------------------------------- the rounds
+
+
+class ResponsesRounds(EventRounds):
+    fmt = responses.FORMAT
+    turns = "input"
+    parts = "output"
+    reader = StreamRound
+
+    def tool(self) -> dict:
+        return tool_definition()
+
+    def is_call(self, part: dict) -> bool:
+        return part.get("type") == "function_call"
+
+    def is_restore(self, part: Any) -> bool:
+        return _restore(part)
+
+    def offers(self, body: dict, omitted: int, compacted: int) -> bool:
+        choice = body.get("tool_choice")
+        forced = isinstance(choice, dict) and (choice.get("type") == "function" or (
+            choice.get("type") == "allowed_tools" and choice.get("mode") == "required"))
+        return bool(omitted or compacted) and choice != "none" and not forced and isinstance(body.get("input"), list) \
+            and isinstance(body.get("tools", []), list)
+
+    def normal(self, added: list) -> list[dict]:
+        return responses.to_normal({"input": added})[0]
+
+    def handle(self, call: dict) -> str:
+        return handle_of({"function": {"arguments": call.get("arguments") or ""}})
+
+    def round_turns(self, answer: Answer, contents: list[tuple[Any, bool]]) -> list[dict]:
+        kept = [i for i in answer.parts if i.get("type") != "function_call" or i in answer.restore_calls]
+        outputs = [{"type": "function_call_output", "call_id": call["call_id"],
+                    "output": content if isinstance(content, str) else content_text(content)}
+                   for (call, (content, _)) in zip(answer.restore_calls, contents)]
+        return kept + outputs
+
+    def session_usage(self, usage: Any) -> dict:
+        return openai_usage(usage, "input_tokens", "output_tokens")
+
+
+RESPONSES_ROUNDS = ResponsesRounds()

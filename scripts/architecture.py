@@ -26,7 +26,7 @@ FORBIDDEN = {"graph": ("engine", "walkers")}
 MAX_LINES = 400
 # What counts as source for MAX_LINES: the project's own code, not tests or generated files.
 SOURCE_SUFFIXES = (".py", ".jac", ".js", ".sh")
-NOT_SOURCE = ("tests", ".venv", ".venv-mongo", "node_modules", "__pycache__", "__jac_gen__", ".jac")
+NOT_SOURCE = ("tests", ".venv", ".venv-mongo", ".venv-hermes", "node_modules", "__pycache__", "__jac_gen__", ".jac", "build")
 
 _JAC_IMPORT = re.compile(r"^\s*import\s+from\s+([\w.]+)\s*\{", re.M)
 _JAC_PLAIN = re.compile(r"^\s*import\s+([\w.]+)\s*;", re.M)

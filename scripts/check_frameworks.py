@@ -1,13 +1,14 @@
 """Checks that the package installs beside each agent framework the integrations support: builds
-the wheel once, then asks pip to resolve it together with each framework (`pip install --dry-run
---ignore-installed --report`, against the package index; nothing is installed). Both the core (the
-in-process engine and the client) and the core with the proxy's extra must resolve; the server's
-extra (jac-scale) is not required to (jac-scale 0.2.31 pins pyjwt < 2.11, Hermes 0.19.0 pins
-2.13.0: docs/install.md).
+the wheel once, then asks pip to resolve each integration's extra (`contextrender[hermes]`,
+`[langchain]`, `[openai-agents]`: the framework at the release its recipe was tested with), alone
+and with the proxy's extra, and the core beside the newest openai-agents (`pip install --dry-run
+--ignore-installed --report`, against the package index; nothing is installed). The server's extra
+(jac-scale) is not required to go beside them (jac-scale 0.2.31 pins pyjwt < 2.11, Hermes 0.19.0
+pins 2.13.0: docs/install.md).
 
     .venv/bin/python scripts/check_frameworks.py [--wheel dist/contextrender-0.1.0-py3-none-any.whl]
 
-Prints one line per pair with the versions pip chose, and exits 1 if any pair does not resolve.
+Prints one line per check with the versions pip chose, and exits 1 if any does not resolve.
 """
 
 from __future__ import annotations
@@ -20,10 +21,15 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-# The frameworks docs/integrations.md supports, at the releases its recipes were tested with;
-# openai-agents unpinned: the newest release that resolves beside the core is what users get.
-FRAMEWORKS = ("hermes-agent==0.19.0", "langchain==1.5.0", "openai-agents")
-EXTRAS = ("", "[proxy]")
+# (extras, a framework beside them, the framework's name shown). The integrations' extras pin the
+# frameworks docs/integrations.md supports; openai-agents unpinned beside the core: the newest
+# release is what a user gets who installs it beside the core without the extra.
+CHECKS = [
+    *((f"{framework}{proxy}", "", name) for framework, name in
+      (("hermes", "hermes-agent"), ("langchain", "langchain"), ("openai-agents", "openai-agents"))
+      for proxy in ("", ",proxy")),
+    *((extra, "openai-agents", "openai-agents") for extra in ("", "proxy")),
+]
 SHOWN = ("openai", "litellm", "pydantic", "httpx", "fastapi", "starlette", "pyjwt")
 TIMEOUT_S = 300
 
@@ -44,6 +50,8 @@ def resolve(requirements: list[str], report: Path, shown: tuple[str, ...]) -> tu
         problem = [line for line in result.stderr.splitlines() if "Location 'file:" not in line]
         return False, "\n".join(problem[-12:])
     versions = {item["metadata"]["name"].lower(): item["metadata"]["version"] for item in json.loads(report.read_text())["install"]}
+    if shown[0] not in versions:  # pip only warns about an extra the wheel does not declare
+        return False, f"{shown[0]} is not in what pip chose (is the extra in the wheel's metadata?)"
     return True, ", ".join(f"{name} {versions[name]}" for name in shown if name in versions)
 
 
@@ -54,12 +62,12 @@ def main() -> int:
     failed = 0
     with tempfile.TemporaryDirectory() as scratch:
         wheel = args.wheel.resolve() if args.wheel else build_wheel(Path(scratch))
-        for framework in FRAMEWORKS:
-            for extra in EXTRAS:
-                ok, detail = resolve([f"contextrender{extra} @ {wheel.as_uri()}", framework], Path(scratch) / "report.json",
-                                     (framework.split("=")[0], *SHOWN))
-                failed += not ok
-                print(f"{'ok  ' if ok else 'FAIL'} contextrender{extra or ''} + {framework}: {detail}", flush=True)
+        for extras, beside, name in CHECKS:
+            package = f"contextrender[{extras}]" if extras else "contextrender"
+            ok, detail = resolve([f"{package} @ {wheel.as_uri()}", *([beside] if beside else [])], Path(scratch) / "report.json",
+                                 (name, *SHOWN))
+            failed += not ok
+            print(f"{'ok  ' if ok else 'FAIL'} {package}{f' + {beside}' if beside else ''}: {detail}", flush=True)
     return 1 if failed else 0
 
 

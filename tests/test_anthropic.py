@@ -5,7 +5,6 @@ as the real service does."""
 from __future__ import annotations
 
 import copy
-import json
 import re
 
 import anthropic
@@ -18,6 +17,7 @@ from contextrender_adapters.proxy import BUDGET_HEADER, SELECTOR_HEADER, SESSION
 from engine.errors import InvalidRequest
 from engine.measure import CALL_OVERHEAD, MESSAGE_OVERHEAD, PART_TOKENS, get_tokenizer
 from tests.conftest import anthropic_conversation, call, scripted_tool_loop, trace_prefix
+from tests.proxy_fixtures import proxy_url_at, without_restore_tool
 from tests.test_proxy import wait_for_events
 
 BUDGET = 3000
@@ -91,11 +91,7 @@ def agents_tools(sent: dict) -> dict:
     no text names it where it is not offered."""
     from contextrender_adapters.anthropic_restore import tool_definition
 
-    tools = sent.get("tools") or []
-    if tools and tools[-1] == tool_definition():
-        return dict(sent, tools=tools[:-1]) if len(tools) > 1 else {k: v for (k, v) in sent.items() if k != "tools"}
-    assert "contextrender_restore" not in json.dumps(sent["messages"])
-    return sent
+    return without_restore_tool(sent, tool_definition(), "messages")
 
 
 def check_forwarded(system: list[dict], turns: list[dict], request: dict, sent: dict) -> dict:
@@ -133,10 +129,7 @@ def check_forwarded(system: list[dict], turns: list[dict], request: dict, sent: 
     return {"stubs": stubs, "marker": marker, "shortened": shortened}
 
 
-@pytest.fixture
-def proxy_url(engine, upstream):
-    with LoopbackServer(create_app(engine, upstream.base_url, BUDGET)) as server:
-        yield server.url
+proxy_url = proxy_url_at(BUDGET)
 
 
 def sdk(url: str) -> anthropic.Anthropic:

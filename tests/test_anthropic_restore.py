@@ -16,6 +16,8 @@ from contextrender_adapters.fakeupstream import LoopbackServer, named_handles, s
 from contextrender_adapters.proxy import RESTORE_ROUNDS_HEADER, RESTORE_USAGE_HEADER, SESSION_HEADER, create_app
 from contextrender_adapters.restore_loop import RESTORE_TOOL
 from tests.conftest import anthropic_conversation, call
+from tests.proxy_fixtures import proxy_url_at
+from tests.test_anthropic import sdk
 from tests.test_proxy import conversation, wait_for_events
 from tests.test_restore_loop import B, STUBS, restored_edges
 
@@ -45,14 +47,7 @@ def stub_call(body: dict, handle: str) -> str:
                 if b.get("type") == "tool_result" and isinstance(b.get("content"), str) and f'handle "{handle}"' in b["content"])
 
 
-@pytest.fixture
-def proxy_url(engine, upstream):
-    with LoopbackServer(create_app(engine, upstream.base_url, B)) as server:
-        yield server.url
-
-
-def sdk(url: str) -> anthropic.Anthropic:
-    return anthropic.Anthropic(base_url=url, api_key="sk-ant-test", max_retries=0)
+proxy_url = proxy_url_at(B)
 
 
 def test_a_restore_round_on_messages_returns_one_ordinary_answer(engine, upstream, proxy_url):

@@ -7,23 +7,18 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import pytest
-
 from contextrender_adapters.checks import pairing_problems
-from contextrender_adapters.fakeupstream import FakeUpstream, LoopbackServer
-from contextrender_adapters.proxy import create_app
+from contextrender_adapters.fakeupstream import FakeUpstream
 from engine.measure import get_tokenizer
 from tests.conftest import call
+from tests.proxy_fixtures import proxy_url_at
 from tests.test_proxy import BUDGET, SYSTEM, conversation, history
 
 ROOT = Path(__file__).resolve().parent.parent
 TOK = get_tokenizer()
 
 
-@pytest.fixture
-def proxy_url(engine, upstream):
-    with LoopbackServer(create_app(engine, upstream.base_url, BUDGET)) as server:
-        yield server.url
+proxy_url = proxy_url_at(BUDGET)
 
 
 def assert_rendered(upstream: FakeUpstream, sent: list[dict]) -> None:

@@ -1,12 +1,11 @@
 """The Hermes plugin (integrations/hermes) in real Hermes Agent 0.19.0 conversations: AIAgent with
 its own read_file tool, the plugin loaded from its entry point, the fake upstream on loopback.
-Hermes runs in its own venv (tests/hermes_venv.py: its PyJWT pin refuses jac-scale's)."""
+Hermes runs in its own venv (tests/hermes_venv.py: the `[hermes]` extra; its PyJWT pin refuses jac-scale's)."""
 
 from __future__ import annotations
 
 import json
 import os
-import re
 import subprocess
 from pathlib import Path
 
@@ -16,17 +15,15 @@ from contextrender_adapters.checks import pairing_problems
 from contextrender_adapters.engine import Engine
 from contextrender_adapters.fakeupstream import FakeUpstream
 from contextrender_adapters.tools import RESTORE_TOOL
-from engine.measure import get_tokenizer
 from tests.conftest import call
-from tests.hermes_venv import ENV, hermes_python
+from tests.hermes_venv import hermes_python
+from tests.integration_runs import HANDLE, TOK, history_of
 
 ROOT = Path(__file__).resolve().parent.parent
-TOK = get_tokenizer()
 CONTEXT_LENGTH = 64000  # Hermes refuses less
 SHARE = "0.0625"  # of Hermes's context length: B = 4,000 (the default share, 0.5, would not force omissions here)
 BUDGET = int(CONTEXT_LENGTH * float(SHARE))
 READS = 12
-HANDLE = re.compile(r'call contextrender_restore with handle "([rp][0-9]+)"')
 
 
 @pytest.fixture(scope="module")
@@ -56,14 +53,9 @@ def files(tmp_path: Path) -> Path:
 def run(python: Path, upstream, home: Path, work: Path, *turns: str, **env: str) -> dict:
     done = subprocess.run([str(python), str(ROOT / "integrations" / "hermes" / "test" / "conversation.py"), upstream.base_url, *turns],
                           cwd=work, capture_output=True, text=True, timeout=600,
-                          env=dict(os.environ, **ENV, HERMES_HOME=str(home), CONTEXTRENDER_BUDGET_SHARE=SHARE, **env))
+                          env=dict(os.environ, HERMES_HOME=str(home), CONTEXTRENDER_BUDGET_SHARE=SHARE, **env))
     assert done.returncode == 0, done.stderr[-4000:]
     return json.loads(done.stdout.strip().splitlines()[-1]) | {"stderr": done.stderr}
-
-
-def history_of(body: dict) -> list[dict]:
-    messages = [m for m in body["messages"] if m["role"] not in ("system", "developer")]
-    return messages[:-1] if messages and messages[-1]["role"] == "user" else messages
 
 
 def chat_requests(upstream) -> list[dict]:

@@ -4,7 +4,6 @@ LangGraph's checkpointer, langchain-openai's ChatOpenAI talking to the fake upst
 from __future__ import annotations
 
 import logging
-import re
 
 import pytest
 
@@ -21,17 +20,8 @@ from contextrender_adapters.client import Client
 from contextrender_adapters.fakeupstream import free_port
 from contextrender_adapters.tools import RESTORE_TOOL, restored_text
 from contextrender_integrations.langchain import ContextRenderMiddleware
-from engine.measure import get_tokenizer
 from tests.conftest import call
-
-TOK = get_tokenizer()
-BUDGET = 1500
-READS = 8
-HANDLE = re.compile(r'call contextrender_restore with handle "([rp][0-9]+)"')
-
-
-def body(path: str) -> str:
-    return " ".join(f"{path}_line_{j} = value_{j}" for j in range(40))
+from tests.integration_runs import BUDGET, HANDLE, READS, TOK, body, history_of, script_reads
 
 
 @lc_tool
@@ -44,16 +34,6 @@ def agent_for(upstream, middleware):
     model = ChatOpenAI(model="fake-model", base_url=upstream.base_url, api_key="sk-test", max_retries=0)
     return create_agent(model, [read_file], middleware=[middleware], checkpointer=InMemorySaver(),
                         system_prompt="You are a coding agent. Use the tools.")
-
-
-def script_reads(upstream, count: int, start: int = 0) -> None:
-    for i in range(start, start + count):
-        upstream.enqueue(content=f"Reading file {i}.", tool_calls=[call(f"call_{i}", "read_file", {"path": f"src/f{i}.py"})])
-
-
-def history_of(request_json: dict) -> list[dict]:
-    messages = [m for m in request_json["messages"] if m["role"] not in ("system", "developer")]
-    return messages[:-1] if messages and messages[-1]["role"] == "user" else messages
 
 
 def test_every_model_call_sees_at_most_b_with_valid_pairing_and_a_restore_returns_the_result(engine, upstream):

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import re
 
 import openai
 import pytest
@@ -17,18 +16,9 @@ from contextrender_adapters.fakeupstream import free_port
 from contextrender_adapters.responses import to_normal
 from contextrender_adapters.tools import RESTORE_TOOL, restored_text
 from contextrender_integrations.openai_agents import ContextRender
-from engine.measure import get_tokenizer
 from tests.conftest import call
+from tests.integration_runs import BUDGET, HANDLE, READS, TOK, body, script_reads
 from tests.test_responses import pairing
-
-TOK = get_tokenizer()
-BUDGET = 1500
-READS = 8
-HANDLE = re.compile(r'call contextrender_restore with handle \\?"([rp][0-9]+)')
-
-
-def body(path: str) -> str:
-    return " ".join(f"{path}_line_{j} = value_{j}" for j in range(40))
 
 
 @function_tool
@@ -53,11 +43,6 @@ def config(context: ContextRender, **options) -> RunConfig:
     return RunConfig(call_model_input_filter=context, tracing_disabled=True, **options)
 
 
-def script_reads(upstream, count: int) -> None:
-    for i in range(count):
-        upstream.enqueue(content=None, tool_calls=[call(f"call_{i}", "read_file", {"path": f"src/f{i}.py"})])
-
-
 def sent(upstream) -> list[dict]:
     return [r.json for r in upstream.requests if r.path == "/v1/responses"]
 
@@ -66,7 +51,7 @@ def test_every_model_call_sees_at_most_b_with_valid_pairing_and_a_restore_return
     session = SQLiteSession("chat-1")
     context = ContextRender(engine, budget=BUDGET, conversation=session)
     agent = agent_for(upstream, context)
-    script_reads(upstream, READS)
+    script_reads(upstream, READS, narrate=False)
     upstream.enqueue(content="I read them all.")
     result = Runner.run_sync(agent, "Read the eight files.", session=session, run_config=config(context))
     assert result.final_output == "I read them all."
@@ -112,7 +97,7 @@ def local_traces():
 def test_the_trace_group_id_names_the_session_when_no_conversation_is_given(engine, upstream, local_traces):
     context = ContextRender(engine, budget=BUDGET)
     agent = agent_for(upstream, context)
-    script_reads(upstream, 2)
+    script_reads(upstream, 2, narrate=False)
     upstream.enqueue(content="Two read.")
     result = Runner.run_sync(agent, "Read two files.", run_config=RunConfig(call_model_input_filter=context, group_id="thread-9"))
     assert result.final_output == "Two read."
@@ -122,7 +107,7 @@ def test_the_trace_group_id_names_the_session_when_no_conversation_is_given(engi
 def test_contextrender_down_the_run_completes_with_the_sdks_own_input(upstream, caplog):
     context = ContextRender(Client(f"http://127.0.0.1:{free_port()}", timeout=2), budget=BUDGET, conversation="down-1")
     agent = agent_for(upstream, context)
-    script_reads(upstream, 3)
+    script_reads(upstream, 3, narrate=False)
     upstream.enqueue(content="Finished without ContextRender.")
     with caplog.at_level(logging.WARNING, logger="contextrender.openai_agents"):
         result = Runner.run_sync(agent, "Read three files.", run_config=config(context))

@@ -16,8 +16,9 @@ from contextrender_adapters.proxy import BUDGET_HEADER, SELECTOR_HEADER, SESSION
 from contextrender_adapters.responses import to_normal
 from engine.measure import CALL_OVERHEAD, MESSAGE_OVERHEAD, PART_TOKENS, get_tokenizer
 from tests.conftest import call, responses_input, scripted_tool_loop, trace_prefix
-from tests.test_proxy import wait_for_events
+from tests.proxy_fixtures import proxy_url_at, without_restore_tool
 from tests.test_anthropic import SHORTENED
+from tests.test_proxy import wait_for_events
 
 BUDGET = 3000
 MODEL = "gpt-5"
@@ -62,11 +63,7 @@ def agents_tools(sent: dict) -> dict:
     no text names it where it is not offered."""
     from contextrender_adapters.responses_restore import tool_definition
 
-    tools = sent.get("tools") or []
-    if tools and tools[-1] == tool_definition():
-        return dict(sent, tools=tools[:-1]) if len(tools) > 1 else {k: v for (k, v) in sent.items() if k != "tools"}
-    assert "contextrender_restore" not in json.dumps(sent["input"])
-    return sent
+    return without_restore_tool(sent, tool_definition(), "input")
 
 
 def check_forwarded(instructions: str, items: list[dict], request: dict, sent: dict) -> int:
@@ -95,10 +92,7 @@ def check_forwarded(instructions: str, items: list[dict], request: dict, sent: d
     return stubs
 
 
-@pytest.fixture
-def proxy_url(engine, upstream):
-    with LoopbackServer(create_app(engine, upstream.base_url, BUDGET)) as server:
-        yield server.url
+proxy_url = proxy_url_at(BUDGET)
 
 
 def sdk(url: str) -> openai.OpenAI:

@@ -16,6 +16,7 @@ from contextrender_adapters.proxy import RESTORE_ROUNDS_HEADER, SESSION_HEADER, 
 from contextrender_adapters.responses_restore import tool_definition
 from contextrender_adapters.restore_loop import RESTORE_TOOL
 from tests.conftest import call, responses_input
+from tests.proxy_fixtures import proxy_url_at
 from tests.test_proxy import conversation
 from tests.test_restore_loop import STUBS, restored_edges
 
@@ -26,10 +27,7 @@ BUDGET = 3000
 STUBBED = 2000
 
 
-@pytest.fixture
-def proxy_url(engine, upstream):
-    with LoopbackServer(create_app(engine, upstream.base_url, BUDGET)) as server:
-        yield server.url
+proxy_url = proxy_url_at(BUDGET)
 
 
 def read_file_text(path: str) -> str:

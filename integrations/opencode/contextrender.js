@@ -3,9 +3,11 @@
 // `experimental.chat.messages.transform` hook; the `contextrender_restore` tool (opencode's `tool`
 // hook) lets the model take back a result a stub stands for (`POST /walker/restore_result`).
 //
-// Install: this folder is an npm package (`npm install /path/to/integrations/opencode` in
-// `.opencode/`, then list "contextrender-opencode" under "plugin" in opencode.json), or copy this
-// file to `.opencode/plugin/contextrender.js` (opencode installs @opencode-ai/plugin there itself).
+// Install: copy this file to a project's `.opencode/plugin/` (or `~/.config/opencode/plugin/`);
+// opencode loads it from there and installs @opencode-ai/plugin into `.opencode/` itself. Do not
+// list the package under "plugin" in opencode.json: opencode 1.18 fetches a name listed there from
+// the npm registry, where it is not published (docs/integrations.md). The folder's package.json
+// and lock file are what the tests install.
 // Switch opencode's own context management off, so that ContextRender is the only thing deciding
 // what the model sees:
 //

@@ -1,0 +1,35 @@
+"""What the protocol tests share (tests/test_anthropic*.py, tests/test_responses*.py,
+tests/test_integrations.py): the proxy in front of the fake upstream at a module's budget, and a
+forwarded request read without the restore tool the proxy offered."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from contextrender_adapters.fakeupstream import LoopbackServer
+from contextrender_adapters.proxy import create_app
+
+
+def proxy_url_at(budget: int):
+    """A `proxy_url` fixture: the proxy with the engine in-process rendering to `budget`, in front
+    of the fake upstream, on loopback (in a module: `proxy_url = proxy_url_at(BUDGET)`)."""
+
+    @pytest.fixture
+    def proxy_url(engine, upstream):
+        with LoopbackServer(create_app(engine, upstream.base_url, budget)) as server:
+            yield server.url
+
+    return proxy_url
+
+
+def without_restore_tool(sent: dict, tool: dict, turns: str) -> dict:
+    """A forwarded request with the agent's tools only: `tool` (the restore tool in the protocol's
+    shape), which the proxy adds after them when the render left a result out, is taken away; where
+    it is not offered, no text of the request's `turns` names it."""
+    tools = sent.get("tools") or []
+    if tools and tools[-1] == tool:
+        return dict(sent, tools=tools[:-1]) if len(tools) > 1 else {k: v for (k, v) in sent.items() if k != "tools"}
+    assert "contextrender_restore" not in json.dumps(sent[turns])
+    return sent
