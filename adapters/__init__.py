@@ -23,7 +23,11 @@ if str(PROJECT_ROOT) not in sys.path:
 # network on many agent hosts, and its bundled copy is what we want.
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
-import jaclang  # noqa: E402,F401  (installs the .jac import hook)
+# jaclang (its .jac import hook), without jac-scale's plugins when this process does not serve
+# (adapters/jac_plugins.py: they took most of every start).
+from contextrender_adapters.jac_plugins import import_jaclang  # noqa: E402
+
+import_jaclang()
 # Stored nodes are rebuilt only from classes jaclang's serializer registered, and it registers a
 # class when the class is made, if the serializer is loaded by then. jac-scale's plugin loads it
 # first; without jac-scale (the engine beside Hermes) every stored session was unreadable.

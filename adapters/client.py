@@ -18,7 +18,7 @@ import dataclasses
 import logging
 import os
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
@@ -92,30 +92,6 @@ def _base_url(base_url: str | None) -> str:
     return base_url or os.environ.get("CONTEXTRENDER_URL") or DEFAULT_URL
 
 
-@dataclass
-class Rendered:
-    """A render as the server reported it: the messages for the model call, the per-result
-    decisions when asked for, and every summary figure (also readable as attributes)."""
-
-    messages: list[dict]
-    decisions: list[dict] = field(default_factory=list)
-    info: dict = field(default_factory=dict)
-
-    @classmethod
-    def from_report(cls, report: dict) -> Rendered:
-        info = {k: v for (k, v) in report.items() if k not in ("messages", "decisions") and not k.startswith("_jac")}
-        return cls(messages=report.get("messages") or [], decisions=report.get("decisions") or [], info=info)
-
-    def summary(self) -> dict:
-        return dict(self.info)
-
-    def __getattr__(self, name: str) -> Any:
-        info = self.__dict__.get("info", {})
-        if name in info:
-            return info[name]
-        raise AttributeError(name)
-
-
 def _error(response: httpx.Response) -> ContextRenderError:
     try:
         body = response.json()
@@ -163,23 +139,39 @@ def _account(username: str, password: str) -> dict:
     return {"identities": [{"type": "username", "value": username}], "credential": {"type": "password", "password": password}}
 
 
+def _built(cls: type, report: dict) -> Any:
+    """An instance of the engine's dataclass `cls` from a report's fields (jac-scale's own keys,
+    such as `_jac_type`, and any field this version does not know are left out)."""
+    names = {f.name for f in dataclasses.fields(cls)}
+    return cls(**{name: value for (name, value) in report.items() if name in names})
+
+
 def _restoration(report: dict) -> Any:
-    """A restore as the Engine returns it: the engine's Restoration, built from the report's fields."""
+    """A restore as the Engine returns it: the engine's Restoration."""
     from contextrender_adapters.core import Restoration
 
-    fields = [f.name for f in dataclasses.fields(Restoration)]
-    return Restoration(**{name: report[name] for name in fields if name in report})
+    return _built(Restoration, report)
+
+
+def _render_result(report: dict) -> Any:
+    """A render as the Engine returns it: the engine's RenderResult, its decisions ResultDecisions."""
+    from contextrender_adapters.core import RenderResult, ResultDecision
+
+    result = _built(RenderResult, {**report, "decisions": []})
+    result.decisions = [_built(ResultDecision, d) for d in report.get("decisions") or []]
+    return result
 
 
 def _reading(walker: str) -> Callable[[Any], Any]:
-    """How to read an endpoint's report: renders become `Rendered`, other values stay as sent."""
+    """How to read an endpoint's report: renders become the engine's RenderResult and restores its
+    Restoration (the types `Engine` returns); other values stay as sent."""
     returns = ENDPOINTS[walker].returns
     if returns == "render":
-        return Rendered.from_report
+        return _render_result
     if returns == "restoration":
         return _restoration
     if returns == "renders":
-        return lambda reports: [Rendered.from_report(r) for r in reports or []]
+        return lambda reports: [_render_result(r) for r in reports or []]
     return lambda report: report
 
 

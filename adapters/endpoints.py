@@ -36,7 +36,7 @@ class Endpoint:
     # when the argument is left out or given as None.
     call: str
     doc: str
-    # What the report is: a render (RenderResult; a client makes it a `Rendered`), a list of
+    # What the report is: a render (a RenderResult, which a client rebuilds from the report), a list of
     # renders, or a plain value.
     returns: Literal["render", "renders", "restoration", "value"] = "value"
     # Parameter -> the walker field it fills, where the two names differ.

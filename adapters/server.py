@@ -91,6 +91,13 @@ def server_class() -> type:
         def _print_startup_banner(self, dev: bool, no_client: bool) -> None:
             """jac-scale prints a start-up banner and jaclang prints its own after it: one is enough."""
 
+        def register_llm_telemetry_endpoints(self) -> None:
+            """jac-scale's LLM telemetry is admin routes and a litellm callback that feeds them;
+            registering it imports litellm (4-16 s of the start here). With the portal off its
+            routes are not served, so it is left out."""
+            if self.admin_password is not None:
+                super().register_llm_telemetry_endpoints()
+
         def register_admin_endpoints(self) -> None:
             super().register_admin_endpoints()
             self.settle_admin_account()

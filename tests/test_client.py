@@ -5,7 +5,8 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from contextrender_adapters.client import Client, Rendered
+from contextrender_adapters.client import Client
+from contextrender_adapters.core import RenderResult, ResultDecision
 from contextrender_adapters import ContextRenderError, InvalidRequest, UnknownSession
 
 
@@ -34,11 +35,17 @@ def test_validation_errors_name_the_field():
     assert failure.value.status == 422
 
 
-def test_a_render_report_becomes_rendered():
-    report = {"_jac_type": "RenderResult", "messages": [{"role": "user", "content": "hi"}], "history_tokens": 0, "decisions": []}
-    rendered = answering(200, {"ok": True, "data": {"reports": [report]}}).render("x", budget=100)
-    assert isinstance(rendered, Rendered) and rendered.messages == report["messages"]
-    assert rendered.history_tokens == 0 and "_jac_type" not in rendered.summary()
+def test_a_render_report_becomes_the_engines_render_result():
+    decision = {"_jac_type": "ResultDecision", "handle": "r1", "call_id": "c1", "position": 2, "tool_name": "read",
+                "turn": 1, "age": 0, "tokens": 40, "status": "omitted", "reason": "budget", "a_later_field": 1}
+    report = {"_jac_type": "RenderResult", "messages": [{"role": "user", "content": "hi"}], "history_tokens": 0,
+              "selector": "prune", "decisions": [decision]}
+    rendered = answering(200, {"ok": True, "data": {"reports": [report]}}).render("x", budget=100, explain=True)
+    # The type Engine.render returns (contextrender.RenderResult), its decisions ResultDecisions.
+    assert type(rendered) is RenderResult and rendered.messages == report["messages"]
+    assert rendered.history_tokens == 0 and rendered.selector == "prune" and "_jac_type" not in rendered.summary()
+    assert [type(d) for d in rendered.decisions] == [ResultDecision]
+    assert (rendered.decisions[0].handle, rendered.decisions[0].status, rendered.decisions[0].tokens) == ("r1", "omitted", 40)
 
 
 def test_request_faults_named_by_the_server_are_invalid_requests():

@@ -15,7 +15,7 @@ import pytest
 from jaclang.runtimelib.server import ModuleIntrospector
 
 from contextrender_adapters import AsyncClient, Client, Engine, InvalidRequest, Restoration, core
-from contextrender_adapters.client import Rendered
+from contextrender_adapters.core import RenderResult
 from contextrender_adapters.endpoints import ENDPOINTS
 from tests.conftest import assistant, call, tool, user
 
@@ -137,9 +137,9 @@ def check_client_calls(sent: list, outcomes: list) -> None:
     for (walker, body), (endpoint, outcome) in zip(sent, outcomes):
         assert set(body) == set(endpoint.fields), walker
         if endpoint.returns == "render":
-            assert isinstance(outcome, Rendered) and outcome.history_tokens == 5
+            assert type(outcome) is RenderResult and outcome.history_tokens == 5
         elif endpoint.returns == "renders":
-            assert [type(r) for r in outcome] == [Rendered, Rendered]
+            assert [type(r) for r in outcome] == [RenderResult, RenderResult]
         elif endpoint.returns == "restoration":
             # The same type Engine.restore returns, read from the report's fields.
             assert isinstance(outcome, Restoration) and (outcome.handle, outcome.message["content"]) == ("r1", "ORD-1")

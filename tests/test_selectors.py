@@ -157,8 +157,10 @@ def test_the_stand_in_label_survives_small_budgets(engine, selector):
         assert result.history_tokens <= budget and not any(m.get("content") == "" for m in result.messages)
 
 
-def slots(tag: str) -> "compact.HistorySummary":
-    return compact.HistorySummary(
+def slots(tag: str) -> "model_calls.HistorySummary":
+    import engine.model_calls as model_calls
+
+    return model_calls.HistorySummary(
         files_read=["src/parse.py"], key_observations=[f"{tag}: VALUE_1000 seen"], commands_run=["read src/mod1.py"],
         decisions=["fix the parser"], unresolved_questions=["why does VALUE_2000 fail?"],
     )

@@ -13,8 +13,9 @@ import pytest
 
 from conftest import assistant, call, tool, user
 from contextrender_adapters.checks import pairing_problems
-from contextrender_adapters.client import AsyncClient, Client, Rendered
+from contextrender_adapters.client import AsyncClient, Client
 from contextrender_adapters import ContextRenderError, HistoryConflict, InvalidRequest, UnknownSession
+from contextrender_adapters.core import RenderResult, ResultDecision
 from jacserver import JAC, REPO, JacServer
 from engine.measure import get_tokenizer
 
@@ -53,13 +54,15 @@ def test_render_fits_the_budget_and_keeps_pairing(alice):
     messages = conversation()
     # The paper's renderer (the stable policy and the prose share: tests/test_stability.py).
     rendered = alice.render("r1", messages, budget=600, explain=True, policy="per-call", prose_share=1.0, condense=False)
-    assert isinstance(rendered, Rendered) and rendered.selected
+    # The type Engine.render returns: the engine's RenderResult, with ResultDecisions.
+    assert type(rendered) is RenderResult and rendered.selected
+    assert all(type(d) is ResultDecision for d in rendered.decisions)
     assert rendered.messages[0] == messages[0] and rendered.messages[-1] == messages[-1]
     history = rendered.messages[1:-1]
     assert get_tokenizer().history_tokens(history) == rendered.history_tokens <= 600
     assert pairing_problems(rendered.messages) == []
     # The reused result (ITEM_0003) is kept; decisions explain every result.
-    kept = {d["call_id"] for d in rendered.decisions if d["status"] == "kept"}
+    kept = {d.call_id for d in rendered.decisions if d.status == "kept"}
     assert "call_3" in kept and len(rendered.decisions) == 13
     assert alice.explain("r1").summary()["history_tokens"] == rendered.history_tokens
 
@@ -70,7 +73,7 @@ def test_session_endpoints(alice):
     assert summary["added"] == len(messages) - 1  # the system prompt is kept on the session
     assert alice.ingest("s-endpoints", messages)["added"] == 0  # idempotent
     variants = alice.render_variants("s-endpoints", [{"budget": 300}, {"budget": 300, "selector": "prune"}], explain=True)
-    assert [(type(v), v.selector) for v in variants] == [(Rendered, "contextrender"), (Rendered, "prune")]
+    assert [(type(v), v.selector) for v in variants] == [(RenderResult, "contextrender"), (RenderResult, "prune")]
     assert all(v.history_tokens <= 300 and v.decisions for v in variants)
     session = alice.get_session("s-endpoints", include_messages=True)
     assert session["events"] == len(messages) - 1 and session["tool_results"] == 5

@@ -51,18 +51,31 @@ The package, one job per module:
 
 from __future__ import annotations
 
-from contextrender_adapters.proxy.app import (
-    BUDGET_HEADER, DEFAULT_SELECTOR, SELECTOR_HEADER, SESSION_HEADER, SESSION_NAME_HEADER, STATUS_HEADER, UNMANAGED_HEADER,
-    create_app,
-)
-from contextrender_adapters.proxy.command import register, run
-from contextrender_adapters.proxy.interfaces import Backend
-from contextrender_adapters.proxy.restores import DEFAULT_RESTORE_ROUNDS, RESTORE_ROUNDS_HEADER, RESTORE_USAGE_HEADER
-from contextrender_adapters.proxy.sessions import derive_session, model_encoding, named_session
-from contextrender_adapters.proxy.upstream import DEFAULT_UPSTREAM_TIMEOUT
+import importlib
+from typing import Any
 
-__all__ = [
-    "BUDGET_HEADER", "DEFAULT_RESTORE_ROUNDS", "DEFAULT_SELECTOR", "DEFAULT_UPSTREAM_TIMEOUT", "RESTORE_ROUNDS_HEADER",
-    "RESTORE_USAGE_HEADER", "SELECTOR_HEADER", "SESSION_HEADER", "SESSION_NAME_HEADER", "STATUS_HEADER", "UNMANAGED_HEADER", "Backend",
-    "create_app", "derive_session", "model_encoding", "named_session", "register", "run",
-]
+# name -> the module of this package that defines it, imported on first use (PEP 562): the
+# command line imports `command` and shows the defaults without loading FastAPI.
+_EXPORTS = {
+    **dict.fromkeys(("BUDGET_HEADER", "SELECTOR_HEADER", "SESSION_HEADER", "SESSION_NAME_HEADER", "STATUS_HEADER",
+                     "UNMANAGED_HEADER", "create_app"), "app"),
+    **dict.fromkeys(("DEFAULT_RESTORE_ROUNDS", "DEFAULT_SELECTOR", "DEFAULT_UPSTREAM_TIMEOUT"), "defaults"),
+    **dict.fromkeys(("register", "run"), "command"),
+    "Backend": "interfaces",
+    **dict.fromkeys(("RESTORE_ROUNDS_HEADER", "RESTORE_USAGE_HEADER"), "restores"),
+    **dict.fromkeys(("derive_session", "model_encoding", "named_session"), "sessions"),
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -23,9 +23,10 @@ from contextrender_adapters.core import InvalidRequest
 from contextrender_adapters.responses_restore import RESPONSES_ROUNDS
 from contextrender_adapters.proxy.chat import CHAT
 from contextrender_adapters.proxy.interfaces import Backend, Format, Rounds as Protocol, field
-from contextrender_adapters.proxy.restores import DEFAULT_RESTORE_ROUNDS, Restores, Rounds
+from contextrender_adapters.proxy.defaults import DEFAULT_RESTORE_ROUNDS, DEFAULT_SELECTOR, DEFAULT_UPSTREAM_TIMEOUT
+from contextrender_adapters.proxy.restores import Restores, Rounds
 from contextrender_adapters.proxy.sessions import Sessions, chain_events, derive_session, model_encoding, named_session
-from contextrender_adapters.proxy.upstream import DEFAULT_UPSTREAM_TIMEOUT, Upstream, error
+from contextrender_adapters.proxy.upstream import Upstream, error
 
 __all__ = ["BUDGET_HEADER", "DEFAULT_SELECTOR", "SELECTOR_HEADER", "SESSION_HEADER", "SESSION_NAME_HEADER", "STATUS_HEADER",
            "UNMANAGED_HEADER", "create_app", "session_of"]
@@ -43,7 +44,6 @@ UNMANAGED_HEADER = "x-contextrender-unmanaged"
 SESSION_NAME_HEADER = "x-contextrender-session-name"
 # Engine errors that are the request's fault (malformed messages, a rewrite refused, too large).
 _REQUEST_FAULTS = {400, 409, 413, 422}
-DEFAULT_SELECTOR = "contextrender"
 _TOO_DEEP = "ContextRender proxy: the JSON body is nested too deeply"
 
 

@@ -10,17 +10,16 @@ import os
 import sys
 from typing import Any
 
-from contextrender_adapters.proxy.app import DEFAULT_SELECTOR, create_app
-from contextrender_adapters.proxy.interfaces import Backend
-from contextrender_adapters.proxy.restores import DEFAULT_RESTORE_ROUNDS
-from contextrender_adapters.proxy.upstream import DEFAULT_UPSTREAM_TIMEOUT
+# Only the defaults at import: the command line is built before any command runs, and the web
+# stack (FastAPI, the format layers) loads in `run`.
+from contextrender_adapters.proxy.defaults import DEFAULT_RESTORE_ROUNDS, DEFAULT_SELECTOR, DEFAULT_UPSTREAM_TIMEOUT
 
 __all__ = ["register", "run"]
 
 log = logging.getLogger("contextrender.proxy")
 
 
-def _backend(args: argparse.Namespace) -> Backend:
+def _backend(args: argparse.Namespace) -> Any:
     if args.server:
         from contextrender_adapters.client import Client
 
@@ -50,6 +49,7 @@ def run(args: argparse.Namespace) -> int:
     import uvicorn
 
     from contextrender_adapters.core import InvalidRequest, check_budget, render_settings
+    from contextrender_adapters.proxy.app import create_app
 
     # Checked before serving, by the engine's own rules: once serving, a bad budget or selector
     # would fail every request open (forwarded unmanaged).

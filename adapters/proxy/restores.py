@@ -27,12 +27,10 @@ from contextrender_adapters.proxy.relay import Pending, cut_message, raw, stream
 from contextrender_adapters.proxy.sessions import Sessions
 from contextrender_adapters.proxy.upstream import Upstream, error, unless_gone
 
-__all__ = ["DEFAULT_RESTORE_ROUNDS", "RESTORE_ROUNDS_HEADER", "RESTORE_USAGE_HEADER", "Restores", "Rounds"]
+__all__ = ["RESTORE_ROUNDS_HEADER", "RESTORE_USAGE_HEADER", "Restores", "Rounds"]
 
 log = logging.getLogger("contextrender.proxy")
 
-# Restore rounds one agent request may take (each is one more upstream call).
-DEFAULT_RESTORE_ROUNDS = 3
 # Response headers: the restore rounds taken before the response started, and their usage.
 RESTORE_ROUNDS_HEADER = "x-contextrender-restore-rounds"
 RESTORE_USAGE_HEADER = "x-contextrender-restore-usage"

@@ -21,12 +21,10 @@ from contextrender_adapters.proxy.interfaces import Format
 from contextrender_adapters.proxy.relay import passthrough, raw, relay
 from contextrender_adapters.streams import Decoder
 
-__all__ = ["DEFAULT_UPSTREAM_TIMEOUT", "ClientGone", "Upstream", "error", "unless_gone"]
+__all__ = ["ClientGone", "Upstream", "error", "unless_gone"]
 
 log = logging.getLogger("contextrender.proxy")
 
-# Seconds the upstream may stay silent (before its headers, or between two chunks) before a 504.
-DEFAULT_UPSTREAM_TIMEOUT = 600.0
 # ContextRender's own request headers: read by the proxy, never forwarded.
 OWN_HEADERS = "x-contextrender-"
 # Hop-by-hop headers (RFC 9110 7.6.1) and the ones the HTTP layer recomputes.

@@ -1,0 +1,60 @@
+"""Which of jaclang's plugins a process loads. jaclang imports every plugin of the `jac` entry-point
+group when it is itself imported; jac-scale's (the server: FastAPI, SQLAlchemy, its auth and
+storage layers) took 5-18 s of every start on these cores, in processes that never serve (the
+in-process engine, the proxy, a replay, the client). A process that imports this package before
+jaclang is not `jac start` (which imports jaclang first), so jaclang is imported here with
+jac-scale's plugins and ContextRender's server plugin disabled, added to whatever the user
+disabled (JAC_DISABLED_PLUGINS, or the nearest jac.toml's [plugins].disabled, which the variable
+would otherwise replace). byLLM's plugin stays: the summariser's `by llm` calls need it.
+
+CONTEXTRENDER_JAC_PLUGINS=all keeps every plugin (a process that imports ContextRender and then
+serves with jac-scale in-process). The environment is restored after the import, so the processes
+this one starts (`jac start`, `contextrender serve`) load their plugins as usual.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tomllib
+from pathlib import Path
+
+__all__ = ["NOT_SERVING", "import_jaclang", "user_disabled"]
+
+# What a process that does not serve leaves out (jaclang's "package:plugin" / "package:*" names).
+NOT_SERVING = ("jac-scale:*", "contextrender:server")
+
+
+def user_disabled(cwd: Path | None = None) -> list[str]:
+    """The plugins the user disabled, read as jaclang reads them: JAC_DISABLED_PLUGINS when set,
+    else the nearest jac.toml (from `cwd` up) and its [plugins].disabled."""
+    listed = os.environ.get("JAC_DISABLED_PLUGINS", "").strip()
+    if listed:
+        return [name.strip() for name in listed.split(",") if name.strip()]
+    folder = (cwd or Path.cwd()).resolve()
+    for candidate in (folder, *folder.parents):
+        toml = candidate / "jac.toml"
+        if toml.is_file():
+            try:
+                disabled = tomllib.loads(toml.read_text(encoding="utf-8")).get("plugins", {}).get("disabled", [])
+            except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+                return []  # jaclang warns about a malformed jac.toml itself, and disables nothing
+            return [str(name) for name in disabled] if isinstance(disabled, list) else []
+    return []
+
+
+def import_jaclang() -> None:
+    """Import jaclang (its .jac import hook) without the server's plugins, unless it is loaded."""
+    if "jaclang" in sys.modules or os.environ.get("CONTEXTRENDER_JAC_PLUGINS", "").strip().lower() == "all":
+        import jaclang  # noqa: F401
+        return
+    disabled = user_disabled()
+    saved = os.environ.get("JAC_DISABLED_PLUGINS")
+    os.environ["JAC_DISABLED_PLUGINS"] = ",".join(dict.fromkeys([*disabled, *NOT_SERVING]))
+    try:
+        import jaclang  # noqa: F401
+    finally:
+        if saved is None:
+            del os.environ["JAC_DISABLED_PLUGINS"]
+        else:
+            os.environ["JAC_DISABLED_PLUGINS"] = saved

@@ -1,0 +1,13 @@
+"""The proxy's defaults, apart from the modules that use them so that the command line can show
+them without importing the web stack (FastAPI, the format layers: about a second)."""
+
+from __future__ import annotations
+
+__all__ = ["DEFAULT_RESTORE_ROUNDS", "DEFAULT_SELECTOR", "DEFAULT_UPSTREAM_TIMEOUT"]
+
+# The renderer a request gets without `X-ContextRender-Selector`.
+DEFAULT_SELECTOR = "contextrender"
+# Restore rounds one agent request may take (each is one more upstream call).
+DEFAULT_RESTORE_ROUNDS = 3
+# Seconds the upstream may stay silent (before its headers, or between two chunks) before a 504.
+DEFAULT_UPSTREAM_TIMEOUT = 600.0

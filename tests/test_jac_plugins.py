@@ -1,0 +1,48 @@
+"""adapters/jac_plugins.py: a process that imports ContextRender before jaclang loads neither
+jac-scale nor the server plugin, keeps what the user disabled, and leaves the environment as it was."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+from contextrender_adapters.jac_plugins import NOT_SERVING, user_disabled
+
+PROBE = """
+import json, os, sys
+import contextrender_adapters.engine
+from jaclang.jac0core.runtime import plugin_manager
+print(json.dumps({"jac_scale": "jac_scale" in sys.modules, "litellm": "litellm" in sys.modules,
+                  "server_class": getattr(plugin_manager.hook.get_api_server_class(), "__name__", None),
+                  "env": os.environ.get("JAC_DISABLED_PLUGINS")}))
+"""
+
+
+def probe(cwd, **env: str) -> dict:
+    environment = {k: v for (k, v) in os.environ.items() if k not in ("JAC_DISABLED_PLUGINS", "CONTEXTRENDER_JAC_PLUGINS")}
+    done = subprocess.run([sys.executable, "-c", PROBE], cwd=cwd, env={**environment, **env}, capture_output=True,
+                          text=True, timeout=600, check=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_the_engine_loads_without_the_servers_plugins(tmp_path):
+    seen = probe(tmp_path)
+    assert not seen["jac_scale"] and not seen["litellm"]
+    assert seen["server_class"] != "ContextRenderServer" and seen["env"] is None
+
+
+def test_all_keeps_every_plugin_and_a_users_list_is_kept(tmp_path):
+    assert probe(tmp_path, CONTEXTRENDER_JAC_PLUGINS="all")["server_class"] == "ContextRenderServer"
+    assert probe(tmp_path, JAC_DISABLED_PLUGINS="byllm:*")["env"] == "byllm:*"
+
+
+def test_the_users_disabled_list_is_read_as_jaclang_reads_it(tmp_path, monkeypatch):
+    monkeypatch.delenv("JAC_DISABLED_PLUGINS", raising=False)
+    (tmp_path / "jac.toml").write_text('[plugins]\ndisabled = ["byllm:*"]\n')
+    (tmp_path / "sub").mkdir()
+    assert user_disabled(tmp_path / "sub") == ["byllm:*"]
+    monkeypatch.setenv("JAC_DISABLED_PLUGINS", "a:b, c")
+    assert user_disabled(tmp_path) == ["a:b", "c"]
+    assert set(NOT_SERVING) == {"jac-scale:*", "contextrender:server"}
