@@ -196,7 +196,7 @@ def test_the_fold_index_names_every_folded_result_it_has_room_for(engine):
 
     messages = folded_session(10)
     budget = 1500
-    result = engine.render("s", messages, budget=budget, explain=True)
+    result = engine.render("s", messages, budget=budget, explain=True, fold_index_digest=40)
     text = fold_index_text(result)
     handles = {d.call_id: d.handle for d in result.decisions}
     shown = {m.get("tool_call_id") for m in result.messages if m["role"] == "tool"}
@@ -252,6 +252,20 @@ def test_results_smaller_than_their_restore_call_are_not_listed(engine):
     assert f" {handles['c1']}" not in fold_index_text(result) and f" {handles['c0']}" in fold_index_text(result)
     listed = engine.render("t", messages, budget=budget, fold_index_small=True)
     assert f" {handles['c1']}" in fold_index_text(listed)
+
+
+def test_in_the_prose_share_the_index_takes_its_own_size(engine):
+    messages = folded_session(16)
+    budget = 1500
+    plain = engine.render("a", messages, budget=budget, fold_index_share=0.0)
+    named = engine.render("b", messages, budget=budget)
+    described = engine.render("c", messages, budget=budget, fold_index_digest=40)
+    # The index is part of the prose share: more turns fold with it; the handles alone take less
+    # of it than the whole share the descriptions fill, so fewer turns fold for them.
+    assert plain.folded_messages < named.folded_messages < described.folded_messages
+    for result in (named, described):
+        assert fold_index_text(result)
+        assert_sound(result, budget)
 
 
 def test_the_fold_index_is_sent_again_while_the_fold_stays(engine):
