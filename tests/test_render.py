@@ -255,8 +255,12 @@ def test_results_smaller_than_their_restore_call_are_not_listed(engine):
 
 
 def test_in_the_prose_share_the_index_takes_its_own_size(engine):
-    messages = folded_session(16)
-    budget = 1500
+    # Short turns around small results: a group of the fold is about one index's size.
+    messages = [user("fix the bug")]
+    for i in range(30):
+        messages += [assistant(f"step {i}", call(f"c{i}", "run", {"command": f"pytest t{i}.py"})),
+                     tool(f"c{i}", f"OUT_{i} " + filler(f"o{i}z", 30))]
+    budget = 2250
     plain = engine.render("a", messages, budget=budget, fold_index_share=0.0)
     named = engine.render("b", messages, budget=budget)
     described = engine.render("c", messages, budget=budget, fold_index_digest=40)
