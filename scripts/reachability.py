@@ -20,9 +20,16 @@ TRIED = [
     ("every handle first, then describe; share 0.03, the selection's room", "idx3"),
     ("every handle first, then describe; share 0.05, the selection's room", "idx5"),
     ("... share 0.05, the prose share's room", "room_prose"),
-    ("**... share 0.05, the headroom's room (the defaults)**", "room_headroom"),
+    ("... share 0.05, the headroom's room (the first defaults)", "room_headroom"),
     ("handles only (`fold_index_digest=0`), share 0.05, the headroom's room", "hd0"),
     ("handles only, share 0.1, the headroom's room", "hd0s10"),
+    # The index sent apart (fold_index_place apart), after the selected results of folded turns.
+    ("apart: every handle, then describe; share 0.05, the headroom's room", "apart_small"),
+    ("apart, small results not listed; describe, the headroom's room", "apart"),
+    ("apart, small not listed; describe, the selection's room", "apart_res"),
+    ("apart, small not listed; handles only, the headroom's room", "apart_hd0"),
+    ("apart, small not listed; handles only, the selection's room", "apart_hd0_res"),
+    ("**apart, small not listed; handles only, the prose share's room by its size (the defaults)**", "prose_hd0"),
 ]
 SETS = (("swe", "mini-SWE B=6K"), ("tau", "tau B=2K"))
 

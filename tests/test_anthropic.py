@@ -104,7 +104,9 @@ def check_forwarded(system: list[dict], turns: list[dict], request: dict, sent: 
     original = blocks(turns)
     plain_original = [without_cache(b) for b in original]
     calls = {b["id"] for b in original if b["type"] == "tool_use"}
-    stubs = marker = shortened = 0
+    from engine.notices import FOLD_INDEX_HEADING
+
+    stubs = marker = shortened = index = 0
     for block in blocks(out):
         if block in original:
             continue  # kept exactly as the client sent it (thinking and signatures included)
@@ -118,6 +120,8 @@ def check_forwarded(system: list[dict], turns: list[dict], request: dict, sent: 
         assert block["type"] == "text", block
         if block["text"].startswith("[ContextRender: the oldest messages"):
             marker += 1
+        elif block["text"].startswith(FOLD_INDEX_HEADING):
+            index += 1  # the fold index: the handles of the folded turns' results
         else:
             # Assistant prose shortened to its share of B: condensed, or cut in the middle.
             assert SHORTENED.search(block["text"]), block
@@ -126,7 +130,8 @@ def check_forwarded(system: list[dict], turns: list[dict], request: dict, sent: 
     assert out[-1] == turns[-1]  # the current turn, with its breakpoint
     markers = sum(1 for b in blocks(out) + system if b.get("cache_control"))
     assert markers <= MAX_BREAKPOINTS
-    return {"stubs": stubs, "marker": marker, "shortened": shortened}
+    assert index <= marker
+    return {"stubs": stubs, "marker": marker, "shortened": shortened, "index": index}
 
 
 proxy_url = proxy_url_at(BUDGET)

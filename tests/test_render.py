@@ -182,42 +182,111 @@ def folded_session(rounds: int) -> list[dict]:
     return messages
 
 
-def test_the_fold_marker_names_every_folded_result_it_has_room_for(engine):
+def fold_index_text(result) -> str:
+    """The fold index: the message of its own that opens with its heading ("" without one)."""
+    from engine.notices import FOLD_INDEX_HEADING
+
+    found = [m["content"] for m in result.messages if m["role"] == "user" and str(m["content"]).startswith(FOLD_INDEX_HEADING)]
+    assert len(found) <= 1
+    return found[0] if found else ""
+
+
+def test_the_fold_index_names_every_folded_result_it_has_room_for(engine):
     import re
 
     messages = folded_session(10)
     budget = 1500
-    result = engine.render("s", messages, budget=budget, explain=True)
-    marker = history_of(result)[0]["content"]
+    result = engine.render("s", messages, budget=budget, explain=True, fold_index_digest=40)
+    text = fold_index_text(result)
     handles = {d.call_id: d.handle for d in result.decisions}
     shown = {m.get("tool_call_id") for m in result.messages if m["role"] == "tool"}
     # c_i's result is at position 2 + 2i: those before the fold's end are folded.
     folded = [f"c{i}" for i in range(10) if 2 * i + 2 < result.folded_messages]
-    assert folded and "contextrender_restore" in marker
+    assert folded and "contextrender_restore" in text
     for call_id in folded:
         if call_id not in shown:
-            assert re.search(rf"(?<!\w){handles[call_id]}(?!\w)", marker), (call_id, marker)
+            assert re.search(rf"(?<!\w){handles[call_id]}(?!\w)", text), (call_id, text)
     # The newest folded result is described by its call's command too.
     newest = folded[-1]
-    assert f"{handles[newest]} run: pytest tests/t{newest[1:]}.py" in marker
+    assert f"{handles[newest]} run: pytest tests/t{newest[1:]}.py" in text
     assert_sound(result, budget)
+
+
+def test_the_fold_index_follows_the_marker_and_the_folded_results_it_keeps(engine):
+    from engine.notices import fold_marker
+
+    messages = folded_session(10)
+    budget = 1500
+    result = engine.render("s", messages, budget=budget)
+    history = history_of(result)
+    # The marker stays the constant one: a fold that moves changes the index, not the marker
+    # or the selected results of folded turns after it (the prefix the provider cached).
+    assert history[0] == fold_marker(budget)
+    at = next(k for k, m in enumerate(history) if m["content"] == fold_index_text(result))
+    # c_i's call is at position 1 + 2i: those before the fold's end are folded.
+    folded = {f"c{i}" for i in range(10) if 2 * i + 1 < result.folded_messages}
+    calls = lambda m: {c["id"] for c in m.get("tool_calls") or []} | ({m["tool_call_id"]} if m["role"] == "tool" else set())
+    assert at > 1 and all(calls(m) and calls(m) <= folded for m in history[1:at])
+    assert all(not calls(m) & folded for m in history[at + 1:])
+
+
+def test_the_fold_index_in_the_marker_when_placed_there(engine):
+    from engine.notices import FOLD_INDEX_HEADING, fold_marker
+
+    budget = 1500
+    inside = engine.render("b", folded_session(10), budget=budget, fold_index_place="marker")
+    assert fold_index_text(inside) == ""
+    marker = history_of(inside)[0]["content"]
+    assert marker.startswith(fold_marker(budget)["content"] + "\n" + FOLD_INDEX_HEADING + "\nr")
+    assert_sound(inside, budget)
+
+
+def test_results_smaller_than_their_restore_call_are_not_listed(engine):
+    messages = folded_session(10)
+    # c1 answered with next to nothing: a restore call would cost more than it holds.
+    messages[4] = tool("c1", "ok")
+    budget = 1500
+    result = engine.render("s", messages, budget=budget, explain=True)
+    handles = {d.call_id: d.handle for d in result.decisions}
+    assert result.folded_messages > 4
+    assert f" {handles['c1']}" not in fold_index_text(result) and f" {handles['c0']}" in fold_index_text(result)
+    listed = engine.render("t", messages, budget=budget, fold_index_small=True)
+    assert f" {handles['c1']}" in fold_index_text(listed)
+
+
+def test_in_the_prose_share_the_index_takes_its_own_size(engine):
+    # Short turns around small results: a group of the fold is about one index's size.
+    messages = [user("fix the bug")]
+    for i in range(30):
+        messages += [assistant(f"step {i}", call(f"c{i}", "run", {"command": f"pytest t{i}.py"})),
+                     tool(f"c{i}", f"OUT_{i} " + filler(f"o{i}z", 30))]
+    budget = 2250
+    plain = engine.render("a", messages, budget=budget, fold_index_share=0.0)
+    named = engine.render("b", messages, budget=budget)
+    described = engine.render("c", messages, budget=budget, fold_index_digest=40)
+    # The index is part of the prose share: more turns fold with it; the handles alone take less
+    # of it than the whole share the descriptions fill, so fewer turns fold for them.
+    assert plain.folded_messages < named.folded_messages < described.folded_messages
+    for result in (named, described):
+        assert fold_index_text(result)
+        assert_sound(result, budget)
 
 
 def test_the_fold_index_is_sent_again_while_the_fold_stays(engine):
     messages = folded_session(12)
     budget = 1500
-    markers = []
+    texts = []
     for j in range(len(messages)):
         if messages[j]["role"] != "assistant" or j < 8:
             continue
         result = engine.render("s", messages[:j], budget=budget)
         assert_sound(result, budget)
         if result.folded_messages:
-            markers.append((result.folded_messages, history_of(result)[0]["content"]))
-    assert len(markers) > 2
-    # One marker text per fold: it changes only where the fold moved.
+            texts.append((result.folded_messages, fold_index_text(result)))
+    assert len(texts) > 2
+    # One index text per fold: it changes only where the fold moved.
     by_fold: dict = {}
-    for fold, text in markers:
+    for fold, text in texts:
         assert by_fold.setdefault(fold, text) == text
 
 

@@ -68,7 +68,9 @@ def agents_tools(sent: dict) -> dict:
 
 def check_forwarded(instructions: str, items: list[dict], request: dict, sent: dict) -> int:
     """What every managed Responses request must satisfy; returns the number of items it changed
-    (stubs, the fold marker, shortened assistant prose)."""
+    (stubs, the fold marker and its index, shortened assistant prose)."""
+    from engine.notices import FOLD_INDEX_HEADING
+
     assert {k: v for (k, v) in agents_tools(sent).items() if k != "input"} == {k: v for (k, v) in request.items() if k != "input"}
     assert sent["instructions"] == instructions
     assert pairing(sent["input"]) == []
@@ -86,7 +88,9 @@ def check_forwarded(instructions: str, items: list[dict], request: dict, sent: d
             # Prose shortened to its share of B; its reasoning items are not sent with it.
             assert item == {"role": "assistant", "content": item["content"]} and SHORTENED.search(item["content"]), item
         else:
-            assert item == {"role": "user", "content": item["content"]} and item["content"].startswith("[ContextRender: the oldest"), item
+            # The fold marker, or the fold index after it (a user message of its own).
+            assert item == {"role": "user", "content": item["content"]}, item
+            assert item["content"].startswith(("[ContextRender: the oldest", FOLD_INDEX_HEADING)), item
         stubs += 1
     assert sent["input"][-1] == items[-1]
     return stubs
