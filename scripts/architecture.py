@@ -40,8 +40,8 @@ RENDER_PATH = (
     ("walkers/ingest", "engine/messages", "4 check the messages, match echoes"),
     ("walkers/ingest", "engine/index", "5 TrackReuse walks the new events: TFA, Reuses edges"),
     ("walkers/render", "engine/stability", "6 spawn Render: append to the previous request, or re-render"),
-    ("engine/stability", "engine/selectors", "7 re-render: the selector chooses"),
-    ("engine/selectors", "engine/plan", "8 on the render plan: layout, prose share, fold, candidates"),
+    ("engine/stability", "engine/selector", "7 re-render: the selector chooses"),
+    ("engine/selector", "engine/plan", "8 on the render plan: layout, prose share, fold, candidates"),
     ("engine/plan", "engine/score", "9 U, q_t, greedy by R"),
     ("engine/plan", "engine/notices", "10 assemble: stubs, fold marker, condensed prose"),
 )

@@ -12,7 +12,7 @@ from contextrender_adapters.checks import pairing_problems
 from engine.measure import get_tokenizer
 from tests.conftest import assistant, call, in_new_process, tool, user
 from tests.test_render import PAPER, filler
-from engine.selectors import SELECTORS, render_settings
+from engine.registry import SELECTORS, render_settings
 
 TOK = get_tokenizer()
 ALL = ["full", "prune", "semantic", "recency-summary", "compact", "cr-recency", "cr-relevance", "cr-recency-relevance", "contextrender"]
