@@ -156,7 +156,7 @@ def dot(graph: dict[str, set[str]]) -> str:
         members = sorted(n for n in graph if n.startswith(folder + "/"))
         if members:
             lines.append(f'  subgraph "cluster_{folder}" {{ label="{titles[folder]}"; style=rounded; color="#bbbbbb";')
-            lines += [f'    "{n}" [label="{n.split("/")[1]}"];' for n in members]
+            lines += [f'    "{n}" [label="{"/".join(n.split("/")[1:])}"];' for n in members]
             lines.append("  }")
     lines.append('  "contextrender" [label="contextrender_server.jac\\n(jac start)", fillcolor="#eef5ff"];')
     for source in sorted(graph):
