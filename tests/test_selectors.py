@@ -96,7 +96,7 @@ def test_a_new_selector_is_one_file_selectable_by_name(tmp_path):
         "from contextrender_adapters.core import SELECTORS, render_settings; from tests.test_selectors import session; "
         "assert render_settings({'selector': 'oldest-first'}).selector == 'oldest-first'; "
         "e = Engine(sys.argv[1]); "
-        "runs = {s: e.render(s, session(), budget=700, selector=s, omitted='drop', explain=True) for s in ('oldest-first', 'prune')}; "
+        "runs = {s: e.render(s, session(), budget=2500, selector=s, omitted='drop', explain=True) for s in ('oldest-first', 'prune')}; "
         "print(json.dumps({s: sorted(d.call_id for d in r.decisions if d.status == 'kept') for s, r in runs.items()}))"
     )
     env = dict(os.environ, CONTEXTRENDER_SELECTORS="oldest_first_selector",
