@@ -23,7 +23,7 @@ _FROM: dict[str, tuple[str, ...]] = {
     "engine.plan": ("RenderResult", "ResultDecision"),
     # The selector registry (each selector says what it embeds: `embeds_results`, `embeds_query()`)
     # and the settings check against it.
-    "engine.selectors": ("SELECTORS", "render_settings"),
+    "engine.registry": ("SELECTORS", "render_settings"),
     "engine.score": ("latest_exchange_text",),
     "engine.errors": ("ContextRenderError", "InvalidRequest", "UnknownSession", "UnknownResult", "HistoryConflict", "ClientGone"),
     # Where the server tells a walker that its request's client has left (adapters/request_guard.py).

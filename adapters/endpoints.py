@@ -3,9 +3,9 @@
 
 A class that mixes in `EndpointMethods` implements only `_call(walker, **fields)`: the Engine
 spawns the walker on its store, the clients post the fields to `/walker/<walker>`. Adding an
-endpoint is a walker and a row here; adapters/core.py loads the walker by the row's module, and
-contextrender_server.jac serves it (jac-scale reads the served walkers, and their access levels, from the
-entry module's own `import from` lines; tests/test_endpoints.py checks the three agree).
+endpoint is a walker (deriving from `Endpoint`, walkers/session.jac) and a row here;
+adapters/core.py loads the walker by the row's module, and contextrender_server.jac serves it as
+walkers/served.jac finds it (tests/test_endpoints.py checks the walkers served and the rows agree).
 
 The row's `call` is the Python signature of the method; its parameters are the walker's request
 fields (its `has` fields, `reports` excepted), but for the ones `renamed` maps to a field and a

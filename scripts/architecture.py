@@ -40,8 +40,8 @@ RENDER_PATH = (
     ("walkers/ingest", "engine/messages", "4 check the messages, match echoes"),
     ("walkers/ingest", "engine/index", "5 TrackReuse walks the new events: TFA, Reuses edges"),
     ("walkers/render", "engine/stability", "6 spawn Render: append to the previous request, or re-render"),
-    ("engine/stability", "engine/selectors", "7 re-render: the selector chooses"),
-    ("engine/selectors", "engine/plan", "8 on the render plan: layout, prose share, fold, candidates"),
+    ("engine/stability", "engine/selector", "7 re-render: the selector chooses"),
+    ("engine/selector", "engine/plan", "8 on the render plan: layout, prose share, fold, candidates"),
     ("engine/plan", "engine/score", "9 U, q_t, greedy by R"),
     ("engine/plan", "engine/notices", "10 assemble: stubs, fold marker, condensed prose"),
 )
@@ -156,7 +156,7 @@ def dot(graph: dict[str, set[str]]) -> str:
         members = sorted(n for n in graph if n.startswith(folder + "/"))
         if members:
             lines.append(f'  subgraph "cluster_{folder}" {{ label="{titles[folder]}"; style=rounded; color="#bbbbbb";')
-            lines += [f'    "{n}" [label="{n.split("/")[1]}"];' for n in members]
+            lines += [f'    "{n}" [label="{"/".join(n.split("/")[1:])}"];' for n in members]
             lines.append("  }")
     lines.append('  "contextrender" [label="contextrender_server.jac\\n(jac start)", fillcolor="#eef5ff"];')
     for source in sorted(graph):

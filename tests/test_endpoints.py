@@ -67,6 +67,41 @@ def test_only_health_is_served_without_a_login():
     assert [name for name in ENDPOINTS if not introspector.is_auth_required_for_walker(name)] == ["health"]
 
 
+def test_the_entry_module_names_no_endpoint_but_the_one_served_without_a_login():
+    # A new endpoint is its walker and its row: contextrender_server.jac serves what
+    # walkers/served.jac finds. It names `health` only so that jaclang reads its `walker:pub`.
+    import re
+
+    from walkers.served import endpoint_walkers
+
+    entry = (REPO / "contextrender_server.jac").read_text()
+    named = {n.strip().split(" as ")[0] for names in re.findall(r"^import from walkers\.\w+ \{([^}]*)\}", entry, re.M)
+             for n in names.split(",")}
+    assert named == {"health", "endpoint_walkers"}
+    assert set(endpoint_walkers()) == set(served_walkers()) == set(ENDPOINTS)
+
+
+WALKERS = {
+    "ping.jac": """import from walkers.session { Endpoint }
+walker ping(Endpoint) { has word: str = ""; can answer with Root entry { self.deliver(self.word); } }
+walker Echo { can go with Root entry { report 1; } }
+""",
+    "helpers.jac": "def nothing_here() -> int { return 0; }\n",
+}
+
+
+def test_a_new_endpoint_walker_is_found_and_a_pass_is_not(tmp_path, monkeypatch):
+    from walkers.served import endpoint_walkers
+
+    folder = tmp_path / "more_walkers"
+    folder.mkdir()
+    for name, text in WALKERS.items():
+        (folder / name).write_text(text)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    found = endpoint_walkers(folder, "more_walkers")
+    assert list(found) == ["ping"] and found["ping"].__module__ == "more_walkers.ping"
+
+
 def test_core_loads_every_endpoint_walker_by_its_row():
     assert set(ENDPOINTS) <= set(core.__all__)
 

@@ -1,7 +1,15 @@
-"""Selectors (engine/selectors.jac): one registry, shared budget accounting and validity, the B.2
-baselines' orderings, and the summary selectors (byLLM typed slots, or the labelled stand-in)."""
+"""Selectors (engine/selector.jac, one file each in engine/selectors/): the registry that finds them
+(engine/registry.jac), shared budget accounting and validity, the B.2 baselines' orderings, and the
+summary selectors (byLLM typed slots, or the labelled stand-in)."""
 
 from __future__ import annotations
+
+import importlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 from byllm.lib import MockLLM
@@ -12,7 +20,7 @@ from contextrender_adapters.checks import pairing_problems
 from engine.measure import get_tokenizer
 from tests.conftest import assistant, call, in_new_process, tool, user
 from tests.test_render import PAPER, filler
-from engine.selectors import SELECTORS, render_settings
+from engine.registry import SELECTORS, find_selectors, render_settings, selector_modules
 
 TOK = get_tokenizer()
 ALL = ["full", "prune", "semantic", "recency-summary", "compact", "cr-recency", "cr-relevance", "cr-recency-relevance", "contextrender"]
@@ -43,6 +51,66 @@ def test_the_registry_is_what_render_settings_accept():
     ablated = SELECTORS["cr-recency-relevance"]
     assert ablated.weights(render_settings({"selector": "cr-recency-relevance"})) == (1.0, 0.0, 1.0)
     assert SELECTORS["contextrender"].weights(RenderConfig.build({"w_reuse": 2.0})) == (1.0, 2.0, 1.0)
+
+
+def test_the_registry_is_the_files_of_engine_selectors():
+    # Each file declares its own selectors; the registry lists none of its own.
+    folder = Path(__file__).resolve().parent.parent / "engine" / "selectors"
+    files = sorted(p.stem for p in folder.glob("*.jac"))
+    assert [m.rsplit(".", 1)[1] for m in selector_modules()] == files
+    declared = {}
+    for stem in files:
+        module = importlib.import_module(f"engine.selectors.{stem}")
+        declared.update({s.name: s for s in module.SELECTORS})
+    assert declared == SELECTORS
+    registry = (folder.parent / "registry.jac").read_text()
+    assert not [name for name in ALL if f'"{name}"' in registry]
+    # A name declared twice is refused when the registry is built.
+    with pytest.raises(ValueError, match="'prune' is declared twice"):
+        find_selectors(["engine.selectors.prune", "engine.selectors.prune"])
+
+
+# A selector written outside the package, as a user (or a new file in engine/selectors/) would.
+THROWAWAY = '''"""The oldest complete results that fit (a selector the registry finds by its module)."""
+
+import from engine.plan { RenderPlan, Choice }
+import from engine.selector { Selector, newest_first, by_age }
+
+obj OldestFirst(Selector) {
+    def select(plan: RenderPlan) -> Choice {
+        choice = plan.start_choice();
+        ages = by_age(plan);
+        plan.take(choice, list(reversed(newest_first(plan))), choice.remaining, [-a for a in ages]);
+        return choice;
+    }
+}
+
+glob SELECTORS: list[Selector] = [OldestFirst(name="oldest-first", description="oldest complete results that fit")];
+'''
+
+
+def test_a_new_selector_is_one_file_selectable_by_name(tmp_path):
+    (tmp_path / "oldest_first_selector.jac").write_text(THROWAWAY)
+    script = (
+        "import sys, json; from contextrender_adapters import Engine; "
+        "from contextrender_adapters.core import SELECTORS, render_settings; from tests.test_selectors import session; "
+        "assert render_settings({'selector': 'oldest-first'}).selector == 'oldest-first'; "
+        "e = Engine(sys.argv[1]); "
+        "runs = {s: e.render(s, session(), budget=2500, selector=s, omitted='drop', explain=True) for s in ('oldest-first', 'prune')}; "
+        "print(json.dumps({s: sorted(d.call_id for d in r.decisions if d.status == 'kept') for s, r in runs.items()}))"
+    )
+    env = dict(os.environ, CONTEXTRENDER_SELECTORS="oldest_first_selector",
+               PYTHONPATH=os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))
+    done = subprocess.run([sys.executable, "-c", script, str(tmp_path / "store")], capture_output=True, text=True,
+                          cwd=Path(__file__).resolve().parent.parent, timeout=300, env=env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    kept = json.loads(done.stdout.strip().splitlines()[-1])
+    # It chose as it says: the oldest results, where prune keeps the newest.
+    assert kept["oldest-first"] and "c0" in kept["oldest-first"] and "c9" not in kept["oldest-first"]
+    assert "c9" in kept["prune"] and "c0" not in kept["prune"]
+    # Without the module named, the name is unknown.
+    with pytest.raises(InvalidRequest, match="unknown selector 'oldest-first'"):
+        render_settings({"selector": "oldest-first"})
 
 
 @pytest.mark.parametrize("omitted", ["stub", "drop"])
