@@ -303,6 +303,34 @@ def test_with_redis_the_leases_are_installed_inside_the_request_guard(monkeypatc
     monkeypatch.delenv("CONTEXTRENDER_SESSION_STAMPS")
 
 
+@pytest.mark.xfail(strict=True, reason=(
+    "known hazard, open: jac-scale commits to MongoDB (L3) first and then refreshes Redis (L2) and "
+    "tells the other processes' L1 caches; a process killed between the two leaves stale cached "
+    "copies, and the next writer (holding the lease, finding the stamp it wrote itself) appends after "
+    "the stale tail: the two processes then show different histories, every answer a 200"))
+def test_a_process_killed_between_the_store_and_the_cache_leaves_no_fork(cluster):
+    """The kill -9 window the test below rarely hits, made certain: the second process's write
+    reaches MongoDB and its Redis cache updates are undone (the session's cached nodes put back
+    as they were before it), as if it died between the two."""
+    import redis
+
+    a, b, _ = clients(cluster)
+    for k in range(3):
+        a.ingest("between", [user(f"first {k}")], append=True)
+    b.ingest("between", [user("second 0")], append=True)
+    a.ingest("between", [user("first 3")], append=True)
+    cache = redis.Redis.from_url(cluster.redis_url)
+    ids = [str(uuid.UUID(n["id"])) for n in a.export_graph("between")["nodes"]]
+    before = {i: cache.get(f"anchor:{i}") for i in ids}
+    assert all(v is not None for v in before.values())  # jac-scale's L2 key of a node, checked
+    b.ingest("between", [user("second 1 (its process dies)")], append=True)
+    for i, value in before.items():
+        cache.set(f"anchor:{i}", value)
+    a.ingest("between", [user("first 4")], append=True)
+    assert stored(a, "between") == stored(b, "between")
+    assert stored(a, "between")[-1] == user("first 4")
+
+
 # ---------------------------------------------------------------- kill -9 (last: it kills the second server)
 
 
