@@ -12,6 +12,10 @@ racing each other. Nothing here runs without Redis (docs/scale-out.md).
 - Calls that may add or remove a session under the user's root take a second lease, per user
   (the same rule as the per-process lock: the first call of a session, and `delete_session`).
   Which sessions exist is kept in Redis, so a session one process created is known to all.
+- A call killed mid-way: a call marks the session (`<lease key>:open`) while it runs and clears the
+  mark when it ends. jac-scale commits to MongoDB, then updates its Redis copies of the nodes; a
+  process killed between the two leaves stale copies (an old tail, an old stamp). The next call
+  on the session finds the mark and drops jac-scale's cached nodes first (MongoDB keeps them all).
 - Cache coherence: every call that opens a session's index writes a random stamp on the Session
   node (engine/index.jac, CONTEXTRENDER_SESSION_STAMPS=1); an index another process cached
   carries an older stamp, and is rebuilt from the store on its next call.
@@ -37,6 +41,10 @@ logger = logging.getLogger("contextrender.distributed")
 DEFAULT_LEASE = 10.0
 DEFAULT_WAIT = 60.0
 PREFIX = "contextrender:"
+# How long the mark of a call whose process died stays, waiting for the session's next call.
+MARK_SECONDS = 7 * 24 * 3600
+# jac-scale's copies of nodes in Redis (L2): jaclang's storage_key, "anchor:<node id>".
+CACHED_NODES = "anchor:*"
 # Set the key's expiry only while it still holds our token; delete it only then.
 _RENEW = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('pexpire', KEYS[1], ARGV[2]) else return 0 end"
 _RELEASE = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) else return 0 end"
@@ -59,6 +67,11 @@ def _seconds(name: str, default: float) -> float:
     if not 0 < value < float("inf"):
         raise SystemExit(f"{name} must be a positive number of seconds (got {raw!r})")
     return value
+
+
+def session_key(user: str, session_id: str) -> str:
+    """The Redis key of a session's lease (its call's mark is this plus ":open")."""
+    return _key("session", user, session_id)
 
 
 def _key(kind: str, *parts: str) -> str:
@@ -123,6 +136,39 @@ class RedisLeases:
                     return
             except redis.RedisError as err:
                 logger.error("could not renew lease %s: %s", key, err)
+
+    async def open_call(self, key: str, token: str) -> bool:
+        """Mark a call on the lease `key` (held) as running, until `close_call`. True when the
+        previous call's mark was still there: its process died inside it, maybe between
+        jac-scale's MongoDB commit and its Redis cache update."""
+        import redis
+
+        try:
+            return await self.redis.set(f"{key}:open", token, ex=MARK_SECONDS, get=True) is not None
+        except redis.RedisError as err:
+            raise LeaseUnavailable(f"the lock store (Redis) is unreachable: {err}; nothing was written, retry") from err
+
+    async def close_call(self, key: str, token: str) -> None:
+        import redis
+
+        try:
+            await self.redis.eval(_RELEASE, 1, f"{key}:open", token)
+        except redis.RedisError as err:
+            logger.error("could not clear the mark of a call on %s (the next call will drop the node cache): %s", key, err)
+
+    async def drop_cached_nodes(self) -> int:
+        """Delete jac-scale's Redis copies of nodes (its L2 cache; MongoDB keeps every node), so
+        that the next reads load them from MongoDB. Returns how many were dropped."""
+        dropped = 0
+        batch: list[bytes] = []
+        async for name in self.redis.scan_iter(match=CACHED_NODES, count=1000):
+            batch.append(name)
+            if len(batch) >= 1000:
+                dropped += await self.redis.unlink(*batch)
+                batch = []
+        if batch:
+            dropped += await self.redis.unlink(*batch)
+        return dropped
 
     async def known(self, user: str, session_id: str) -> bool:
         """Whether the user's session is known to exist (False when Redis cannot say: the caller
@@ -192,19 +238,21 @@ class SessionLeases:
                 status["code"] = event["status"]
             await send(event)
 
+        lease = session_key(caller, session_id)
         try:
-            async with self.leases.hold(_key("session", caller, session_id)):
-                if walker == "delete_session":
-                    async with self.leases.hold(_key("user", caller)):
-                        await self.app(scope, replay, watched)
-                    await self.leases.remember(caller, session_id, exists=False)
-                elif walker in self.root_writers and not await self.leases.known(caller, session_id):
-                    async with self.leases.hold(_key("user", caller)):
-                        await self.app(scope, replay, watched)
-                    if status.get("code", 500) < 300:
-                        await self.leases.remember(caller, session_id, exists=True)
-                else:
-                    await self.app(scope, replay, watched)
+            async with self.leases.hold(lease):
+                token = secrets.token_hex(16)
+                if await self.leases.open_call(lease, token):
+                    # The previous call on this session never finished: its process died, maybe
+                    # after its MongoDB commit and before its Redis copies were updated. Stale
+                    # copies would show this call an old tail (docs/scale-out.md): drop them.
+                    dropped = await self.leases.drop_cached_nodes()
+                    logger.warning("the previous call on a session of %s died unfinished: dropped %d cached nodes "
+                                   "(read again from MongoDB)", caller, dropped)
+                try:
+                    await self._call(scope, replay, watched, walker, caller, session_id, status)
+                finally:
+                    await self.leases.close_call(lease, token)
         except LeaseUnavailable as err:
             if "code" in status:
                 raise  # the answer has started: too late to refuse
@@ -212,6 +260,21 @@ class SessionLeases:
             start, payload = _refuse(str(err))
             await send(start)
             await send({"type": "http.response.body", "body": payload})
+
+    async def _call(self, scope: dict, replay: Any, watched: Any, walker: str, caller: str, session_id: str,
+                    status: dict) -> None:
+        """The walker call, under the user's lease too when it may add or remove a session."""
+        if walker == "delete_session":
+            async with self.leases.hold(_key("user", caller)):
+                await self.app(scope, replay, watched)
+            await self.leases.remember(caller, session_id, exists=False)
+        elif walker in self.root_writers and not await self.leases.known(caller, session_id):
+            async with self.leases.hold(_key("user", caller)):
+                await self.app(scope, replay, watched)
+            if status.get("code", 500) < 300:
+                await self.leases.remember(caller, session_id, exists=True)
+        else:
+            await self.app(scope, replay, watched)
 
 
 def install(app: Any, root_writers: set[str]) -> bool:

@@ -11,7 +11,7 @@ import pytest
 from contextrender_adapters import Engine, InvalidRequest, HistoryConflict
 from contextrender_adapters.checks import pairing_problems
 from engine.measure import get_tokenizer
-from tests.conftest import assistant, call, tool, user
+from tests.conftest import assistant, call, in_new_process, tool, user
 
 TOK = get_tokenizer()
 
@@ -408,3 +408,65 @@ def test_pairing_is_checked_against_stored_history(engine):
     # After a fork, ids of the replaced branch are free again.
     summary = engine.ingest("s", [user("a"), assistant(None, call("c1", "t2", {})), tool("c1", "new")])
     assert summary.forked_at == 1 and summary.events == 3
+
+
+def _agent_loop(turns: int) -> list[list[dict]]:
+    """What an agent sends at each of `turns` calls: a tool call and a ~70-token result per call."""
+    messages = [{"role": "system", "content": "You are a support agent."}, user("Refund order ORD_0001 for jane.doe@example.com")]
+    lists = []
+    for i in range(turns):
+        messages = messages + [assistant(None, call(f"c{i}", "lookup", {"page": i, "ref": f"ITEM_{max(i - 2, 0):04d}_SKU"})),
+                               tool(f"c{i}", f"page {i} ITEM_{i:04d}_SKU " + "details " * 60)]
+        if i % 4 == 3:
+            messages = messages + [assistant(f"ITEM_{i - 1:04d}_SKU looks right."), user(f"Check page {i + 1} too.")]
+        lists.append(messages)
+    return lists
+
+
+def _explained(engine: Engine, session_id: str) -> tuple[dict, dict]:
+    """explain_render (every figure and every decision: scores and reasons) and get_session's last_render."""
+    import dataclasses
+
+    explained = dataclasses.asdict(engine.explain(session_id))
+    explained["decisions"] = [{k: v for (k, v) in d.items() if not k.startswith("_jac")} for d in explained["decisions"]]
+    return explained, engine.get_session(session_id)["last_render"]
+
+
+def test_explain_and_last_render_are_the_same_after_a_restart(tmp_path):
+    """Issue 23: after a restart explain_render showed the last re-render as an append of nothing
+    (scores of 0) and get_session's last_render was null. After every call of a conversation that
+    passes through, re-renders and appends, an engine reopened on the store (no index, no render
+    in memory: all a restart loses) reports exactly what the first one did; and explaining there
+    changes nothing: a store whose engine never restarts renders the same at every call."""
+    from engine.index import SESSION_CACHE
+
+    def restart(store) -> Engine:
+        for key in list(SESSION_CACHE._indexes):
+            SESSION_CACHE.drop(key)
+        return Engine(store)
+
+    (restarted, steady) = (Engine(tmp_path / "restarted"), Engine(tmp_path / "steady"))
+    modes = []
+    for messages in _agent_loop(14):
+        rendered = restarted.render("s", messages, budget=900)
+        # (Another session name: the index cache is keyed by node id, the same in two stores.)
+        assert steady.render("t", messages, budget=900).messages == rendered.messages
+        before = _explained(restarted, "s")
+        restarted = restart(tmp_path / "restarted")
+        assert _explained(restarted, "s") == before, rendered.mode
+        assert before[0]["mode"] == rendered.mode and before[1]["mode_reason"] == rendered.mode_reason
+        modes.append(rendered.mode)
+    assert {"passthrough", "re-render", "append"} <= set(modes) and modes[-1] == "re-render"
+    # A new process too (the last call was a re-render: its reasons name picks and costs).
+    explained, last = _explained(restarted, "s")
+    script = (
+        "import dataclasses, json, sys\n"
+        "from contextrender_adapters import Engine\n"
+        "engine = Engine(sys.argv[1])\n"
+        "r = dataclasses.asdict(engine.explain('s'))\n"
+        "r['decisions'] = [{k: v for (k, v) in d.items() if not k.startswith('_jac')} for d in r['decisions']]\n"
+        "print(json.dumps([r, engine.get_session('s')['last_render']]))\n"
+    )
+    assert in_new_process(script, tmp_path / "restarted") == json.loads(json.dumps([explained, last]))
+    assert any(d["reason"].startswith("selected #") for d in explained["decisions"])
+    assert any(d["reason"].startswith("did not fit") and d["score"] > 0 for d in explained["decisions"])

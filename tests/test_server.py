@@ -266,3 +266,34 @@ def test_jaclang_loads_the_server_plugin_from_its_entry_point():
 def test_a_weak_jwt_secret_stops_the_server(tmp_path):
     with pytest.raises(RuntimeError, match="refuses to start: the JWT secret is shorter than 32 characters"):
         JacServer(tmp_path / "weak", CONTEXTRENDER_JWT_SECRET="too-short").start()
+
+
+def test_explain_and_last_render_survive_a_server_restart(tmp_path):
+    """Issue 23: explain_render and get_session's last_render after `jac start` is stopped and
+    started again on the same store equal what they were before (the last call re-renders)."""
+    server = JacServer(tmp_path / "explained").start()
+    try:
+        client = Client(server.url)
+        client.register("explained-user", "secret-password-1")
+        messages = [user("Refund order ORD_0001 for jane.doe@example.com")]
+        modes = []
+        for i in range(30):
+            messages += [assistant(None, call(f"c{i}", "lookup", {"page": i})), tool(f"c{i}", f"page {i} ITEM_{i:04d}_SKU " + "details " * 60)]
+            rendered = client.render("explained", messages, budget=900)
+            modes.append(rendered.mode)
+            if rendered.mode == "re-render" and "append" in modes:
+                break  # a scored re-render after appends: what a restart showed as an append
+
+        def shown() -> tuple:
+            explained = client.explain("explained")
+            decisions = [{k: v for (k, v) in d.items() if not k.startswith("_jac")} for d in explained.decisions]
+            return explained.messages, explained.summary(), decisions, client.get_session("explained")["last_render"]
+
+        before = shown()
+        assert before[1]["mode"] == rendered.mode == "re-render" and before[3]["mode"] == "re-render"
+        server.stop()
+        server.start()
+        client.login("explained-user", "secret-password-1")
+        assert shown() == before
+    finally:
+        server.stop()
