@@ -269,8 +269,8 @@ def test_the_server_endpoint(carol):
     kinds = [e["kind"] for e in carol.export_graph("s")["edges"]]
     assert kinds.count("Restored") == 1
     explained = carol.render("s", messages, budget=BUDGET, explain=True, **PAPER)
-    r7 = next(d for d in explained.decisions if d["handle"] == "r7")
-    assert (r7["status"], r7["restores"], r7["reuse_count"]) == ("kept", 1, 2.0)
+    r7 = next(d for d in explained.decisions if d.handle == "r7")
+    assert (r7.status, r7.restores, r7.reuse_count) == ("kept", 1, 2.0)
 
 
 def test_the_server_refuses_bad_handles_and_writes_nothing(carol, jac_server):

@@ -75,9 +75,9 @@ def conversation(turns: int) -> list[list[dict]]:
     return lists
 
 
-def plain(decisions: list[dict]) -> list[dict]:
-    """Per-result decisions without jaclang's object ids."""
-    return [{k: v for (k, v) in d.items() if not k.startswith("_jac")} for d in decisions]
+def plain(decisions: list) -> list[dict]:
+    """Per-result decisions (the Client returns the engine's ResultDecision dataclasses) as dicts."""
+    return [dataclasses.asdict(d) for d in decisions]
 
 
 def comparable(rendered) -> dict:
@@ -129,7 +129,7 @@ def alternate(cluster, tag: str, **params) -> None:
         k: v for (k, v) in explained(a.explain(one)).items() if k != "render_ms"}
     assert a.explain(two).budget == 1500
     # A restore on one process and a render on the other.
-    handle = next(d["handle"] for d in alternating.decisions if d["status"] == "omitted")
+    handle = next(d.handle for d in alternating.decisions if d.status == "omitted")
     restored = [{k: v for (k, v) in dataclasses.asdict(r).items() if k != "session_id"}
                 for r in (b.restore(two, handle), a.restore(one, handle))]
     assert restored[0] == restored[1]

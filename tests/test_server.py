@@ -3,6 +3,7 @@ that say what to fix and change nothing, restart after kill -9."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -286,7 +287,7 @@ def test_explain_and_last_render_survive_a_server_restart(tmp_path):
 
         def shown() -> tuple:
             explained = client.explain("explained")
-            decisions = [{k: v for (k, v) in d.items() if not k.startswith("_jac")} for d in explained.decisions]
+            decisions = [dataclasses.asdict(d) for d in explained.decisions]
             return explained.messages, explained.summary(), decisions, client.get_session("explained")["last_render"]
 
         before = shown()
