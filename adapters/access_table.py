@@ -61,29 +61,41 @@ def _sources(module: Any) -> list[str]:
     main = os.path.abspath(module.__file__)
     found = [main]
     for value in vars(module).values():
-        provider = sys.modules.get(getattr(value, "__module__", None) or "")
+        name = getattr(value, "__module__", None) or ""
+        if name.split(".")[0] == "jaclang":
+            continue  # jaclang's builtins (`jobj`...), put in every module's namespace, not imported
+        provider = sys.modules.get(name)
         path = getattr(provider, "__file__", None) or ""
         if path.endswith(".jac") and os.path.abspath(path) not in found:
             found.append(os.path.abspath(path))
     return found
 
 
+FALLBACK = "access levels not read from the compile cache"
+
+
+def _refuse(reason: str) -> None:
+    logger.warning("%s (%s): jaclang compiles the modules to read them", FALLBACK, reason)
+
+
 def cached_tables(module: Any) -> dict[str, dict] | None:
     """{"walker_access", "func_access", "endpoint_effects"} unioned as jaclang does (the entry
-    module first, so its names win), or None where the cache cannot be trusted."""
+    module first, so its names win), or None (with a warning) where the cache cannot be trusted."""
     path = getattr(module, "__file__", None)
     if not (path and path.endswith(".jac")) or not pinned():
         return None
     if os.path.exists(path.removesuffix(".jac") + ".cl.jac"):
-        return None  # a client part: its manifest comes only from a compile
+        return _refuse("the entry module has a client part")
     tables: dict[str, dict] = {"walker_access": {}, "func_access": {}, "endpoint_effects": {}}
     sources = _sources(module)
     for source in sources:
         interop = _interop(source)
-        if interop is None or interop.get("bindings"):
-            return None  # no cache, or client/server bindings this reader does not rebuild
+        if interop is None:
+            return _refuse(f"no cache file matching {source}")
+        if interop.get("bindings"):
+            return _refuse(f"{source} has client/server bindings")
         if not (interop.get("walker_access") or interop.get("func_access")) and source != sources[0]:
-            return None  # jaclang would run its boundary analysis on this provider: let it
+            return _refuse(f"{source} has no table")  # jaclang would run its boundary analysis on it
         for key in ("walker_access", "func_access"):
             for (name, auth) in interop.get(key, {}).items():
                 tables[key].setdefault(name, bool(auth))
@@ -103,8 +115,7 @@ def use_cached_tables(introspector: Any) -> None:
             try:
                 tables = cached_tables(self._module)
             except Exception as error:  # anything unexpected: jaclang's own path
-                logger.warning("access table from the compile cache failed (%s); compiling", error)
-                tables = None
+                tables = _refuse(f"{type(error).__name__}: {error}")
             self._cached_tables = tables
             if tables is None:
                 return base._load_manifest(self)

@@ -38,19 +38,22 @@ def test_access_levels_from_the_cache_are_those_of_a_compile(tmp_path):
             seen[mode] = routes(httpx.get(f"{server.url}/openapi.json", timeout=30).json())
         finally:
             server.stop()
+    assert access_table.FALLBACK not in server.log.read_text()  # the second start read the cache
     assert seen["1"] == seen["0"]
     walkers = {path: auth for ((path, _), (auth, _)) in seen["1"].items() if path.startswith("/walker/")}
     assert walkers["/walker/health"] is False
     assert len(walkers) >= 10 and all(auth for (path, auth) in walkers.items() if path != "/walker/health")
 
 
-def test_a_stale_or_missing_cache_falls_back(tmp_path):
+def test_a_stale_or_missing_cache_falls_back(tmp_path, caplog):
     source = tmp_path / "entry.jac"
     source.write_text('walker :pub hello { can go with Root entry { report 1; } }\n')
 
     class Module:
         __file__ = str(source)
 
-    assert access_table.cached_tables(Module) is None  # never compiled: no cache file
+    with caplog.at_level("WARNING", logger="contextrender.server"):
+        assert access_table.cached_tables(Module) is None  # never compiled: no cache file
+    assert access_table.FALLBACK in caplog.text and str(source) in caplog.text
     Module.__file__ = str(tmp_path / "entry.py")
     assert access_table.cached_tables(Module) is None  # not a Jac module
