@@ -35,7 +35,7 @@ from typing import Any
 
 import jac_scale.plugin  # noqa: F401  (registers jac-scale's server class hook before ours)
 
-from contextrender_adapters import distributed  # issue 21 hook
+from contextrender_adapters import access_table, distributed  # distributed: issue 21 hook
 from contextrender_adapters.request_guard import REFUSED_PREFIXES, RequestGuard
 from contextrender_adapters.secret_checks import (  # noqa: F401 (PUBLIC_DEFAULT_SECRET, strength_problem: re-exported)
     PUBLIC_DEFAULT_SECRET, admin_password, check_jwt_secret, check_monitoring_password, strength_problem,
@@ -64,6 +64,9 @@ def server_class() -> type:
             if self.admin_password is not None:
                 settings.update(default_password=self.admin_password, require_password_reset=False)
             super().__post_init__()
+            # Access levels from the compile cache instead of a compile from source (about half
+            # of a warm start; adapters/access_table.py). The first load is get_walkers() below.
+            access_table.use_cached_tables(self.introspector)
             # Walkers that create their session (`create`), and delete_session.
             root_writers = {name for (name, cls) in self.get_walkers().items() if getattr(cls, "create", False)}
             self.server.app.user_middleware.append(Middleware(
