@@ -160,6 +160,24 @@ def test_a_query_call_is_answered_with_matching_handles_then_restored_by_handle(
     assert restored_edges(engine, "query") == 1 and engine.get_session("query")["restores"] == 1
 
 
+def test_every_protocol_reads_a_handle_or_a_query_from_a_restore_call():
+    from contextrender_adapters.anthropic_restore import MESSAGES_ROUNDS
+    from contextrender_adapters.responses_restore import RESPONSES_ROUNDS
+    from contextrender_adapters.restore_loop import CHAT_ROUNDS
+
+    def shapes(arguments: dict) -> list:
+        return [(CHAT_ROUNDS, call("c", RESTORE_TOOL, arguments)), (MESSAGES_ROUNDS, {"type": "tool_use", "input": arguments}),
+                (RESPONSES_ROUNDS, {"type": "function_call", "arguments": json.dumps(arguments)})]
+
+    for (rounds, given) in shapes({"query": " ledger.py "}):
+        assert rounds.ask(given) == ("query", "ledger.py")
+    for (rounds, given) in shapes({"handle": "r3", "query": "ledger.py"}):
+        assert rounds.ask(given) == ("handle", "r3")
+    for (rounds, given) in shapes({"query": ""}):
+        with pytest.raises(ValueError, match='a string "handle".*or a "query"'):
+            rounds.ask(given)
+
+
 # ---------------------------------------------------------------- failures and limits
 
 
