@@ -29,6 +29,7 @@ from typing import Any
 from contextrender_adapters import anthropic
 from contextrender_adapters.core import RESTORE_TOOL, content_text, restore_tool
 from contextrender_adapters.event_rounds import Answer, Event, EventRound, EventRounds, reserialised
+from contextrender_adapters.restore_loop import ask_of
 
 __all__ = ["MESSAGES_ROUNDS", "MessagesRounds", "tool_definition"]
 
@@ -176,11 +177,13 @@ class MessagesRounds(EventRounds):
     def normal(self, added: list) -> list[dict]:
         return anthropic.to_normal({"messages": added})[0]
 
-    def handle(self, call: dict) -> str:
+    def ask(self, call: dict) -> tuple[str, str]:
         given = call.get("input")
-        if not isinstance(given, dict) or not isinstance(given.get("handle"), str):
-            raise ValueError(f'the input must be an object with a string "handle", such as {{"handle": "r17"}} (got {json.dumps(given)})')
-        return given["handle"].strip()
+        ask = ask_of(given)
+        if ask is None:
+            raise ValueError(f'the input must be an object with a string "handle", such as {{"handle": "r17"}}, '
+                             f'or a "query" to search for one (got {json.dumps(given)})')
+        return ask
 
     def round_turns(self, answer: Answer, contents: list[tuple[Any, bool]]) -> list[dict]:
         # Thinking and text as sent (empty text blocks are refused by the API), restore calls only.

@@ -100,6 +100,11 @@ ENDPOINTS: dict[str, Endpoint] = {
         session's latest event: it counts as observed use at later renders. Reports a Restoration
         (the tool `message` as stored, its `handle`, `call_id`, `restores`...); a malformed handle
         is an InvalidRequest, one not on the live history an UnknownResult.""", "restoration"),
+        Endpoint("walkers.restore", "search_results", "search_results", "session_id: str, query: str, *, limit: int = 5",
+                 """The stored results of the session's live history that best match `query` (its words and
+        values, in a result's text or its call's arguments), best first: `matches` (handle, tool_name,
+        arguments, preview, score) and `text`, the answer the restore tool gives a model. Writes
+        nothing; a query without a word of two characters is an InvalidRequest."""),
         Endpoint("walkers.render", "configure_session", "configure", "session_id: str, **params",
                  """Set a session's render settings (kept in the graph); reports the RenderConfig."""),
         Endpoint("walkers.sessions", "get_session", "get_session",

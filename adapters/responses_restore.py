@@ -162,7 +162,7 @@ class ResponsesRounds(EventRounds):
     def normal(self, added: list) -> list[dict]:
         return responses.to_normal({"input": added})[0]
 
-    def handle(self, call: dict) -> str:
+    def ask(self, call: dict) -> tuple[str, str]:
         return handle_of({"function": {"arguments": call.get("arguments") or ""}})
 
     def round_turns(self, answer: Answer, contents: list[tuple[Any, bool]]) -> list[dict]:

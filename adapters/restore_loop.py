@@ -25,7 +25,7 @@ from typing import Any
 
 from contextrender_adapters.core import RESTORE_TOOL, restore_tool
 
-__all__ = ["CHAT_ROUNDS", "RESTORE_TOOL", "AnswerCalls", "StreamRound", "add_usage", "declares_restore", "handle_of", "offers_tool",
+__all__ = ["CHAT_ROUNDS", "RESTORE_TOOL", "AnswerCalls", "StreamRound", "add_usage", "ask_of", "declares_restore", "handle_of", "offers_tool",
            "round_messages", "split_answer", "strip_restore_calls", "tool_error", "with_tool"]
 
 
@@ -78,17 +78,31 @@ def split_answer(message: dict) -> AnswerCalls:
                        bool(calls) and _function_name(calls[0]) == RESTORE_TOOL)
 
 
-def handle_of(call: dict) -> str:
-    """The handle a restore call asks for; ValueError saying what to fix when the arguments are not
-    a JSON object with a string `handle`."""
+def ask_of(given: Any) -> tuple[str, str] | None:
+    """What restore arguments (a parsed JSON object) ask for: `("handle", "r17")` (a handle wins),
+    `("query", "words")` (a search: the best matching handles), or None when they hold neither as
+    a non-empty string."""
+    if isinstance(given, dict):
+        for key in ("handle", "query"):
+            value = given.get(key)
+            if isinstance(value, str) and value.strip():
+                return (key, value.strip())
+    return None
+
+
+def handle_of(call: dict) -> tuple[str, str]:
+    """What a restore call asks for (`ask_of`); ValueError saying what to fix when the arguments are
+    not a JSON object with a string `handle` (or `query`)."""
     arguments = (call.get("function") or {}).get("arguments") or ""
     try:
         parsed = json.loads(arguments)
     except ValueError:
         parsed = None
-    if not isinstance(parsed, dict) or not isinstance(parsed.get("handle"), str):
-        raise ValueError(f'the arguments must be a JSON object with a string "handle", such as {{"handle": "r17"}} (got {arguments!r})')
-    return parsed["handle"].strip()
+    ask = ask_of(parsed)
+    if ask is None:
+        raise ValueError(f'the arguments must be a JSON object with a string "handle", such as {{"handle": "r17"}}, '
+                         f'or a "query" to search for one (got {arguments!r})')
+    return ask
 
 
 def tool_error(handle: str, problem: str) -> str:
@@ -344,7 +358,7 @@ class ChatRounds:
         message = self.fmt.answer(body)[0]
         return split_answer(message) if message else None
 
-    def handle(self, call: dict) -> str:
+    def ask(self, call: dict) -> tuple[str, str]:
         return handle_of(call)
 
     def round_turns(self, answer: AnswerCalls, contents: list[tuple[Any, bool]]) -> list[dict]:

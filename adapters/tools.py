@@ -11,6 +11,10 @@ answers its calls here; the proxy does the same for the agents behind it.
         if call["function"]["name"] == restore.name:
             messages.append(restore.answer(call))             # {"role": "tool", ...}
 
+A call may give a `query` instead of a handle (a fold index may name folded results by handle
+only): the answer is then the best matching handles, one line each, from the backend's
+`search_results`; the model restores by handle next. A search writes nothing.
+
 The answer is always a string for the model, never an exception for the agent loop: a handle the
 session does not hold, a malformed one, or ContextRender being unreachable each come back as one
 sentence that says so (and are logged), so the run goes on.
@@ -27,6 +31,7 @@ from typing import Any
 
 from contextrender_adapters.core import RESTORE_TOOL, InvalidRequest, UnknownResult, UnknownSession, content_text
 from contextrender_adapters.core import restore_tool as _schema
+from contextrender_adapters.restore_loop import ask_of
 
 __all__ = ["RESTORE_TOOL", "RestoreTool", "restore_tool", "restored_text"]
 
@@ -37,21 +42,24 @@ def restored_text(restoration: Any) -> str:
     """The stored result's text from a Restoration (the Engine's object or the server's JSON)."""
     message = restoration.get("message") if isinstance(restoration, dict) else getattr(restoration, "message", None)
     content = (message or {}).get("content") if isinstance(message, dict) else None
-    return content if isinstance(content, str) else content_text(message or {})
+    return content if isinstance(content, str) else content_text(content)
 
 
-def _handle_of(arguments: Any) -> Any:
+def _ask_of(arguments: Any) -> tuple[Any, Any]:
+    """(handle, query) of a call's arguments (a JSON text or an object); a handle wins."""
     if isinstance(arguments, str):
         try:
             arguments = json.loads(arguments or "{}")
         except ValueError:
-            return None
-    return arguments.get("handle") if isinstance(arguments, dict) else None
+            return (None, None)
+    (kind, value) = ask_of(arguments) or ("", None)
+    return (value, None) if kind == "handle" else (None, value)
 
 
 class RestoreTool:
     """`contextrender_restore` bound to a backend (an `Engine`, a `Client`, or anything with
-    `restore(session_id, handle)`) and, optionally, to one session."""
+    `restore(session_id, handle)` and `search_results(session_id, query)`) and, optionally, to one
+    session."""
 
     name = RESTORE_TOOL
 
@@ -70,7 +78,7 @@ class RestoreTool:
 
     @property
     def parameters(self) -> dict:
-        """The JSON schema of the arguments: `{"handle": "r17"}`."""
+        """The JSON schema of the arguments: `{"handle": "r17"}` or `{"query": "ledger.py"}`."""
         return self.schema["function"]["parameters"]
 
     def session(self, session_id: str | None = None) -> str:
@@ -81,41 +89,57 @@ class RestoreTool:
             raise ValueError("contextrender_restore needs the session id the history was rendered under")
         return session
 
-    def __call__(self, handle: Any, session_id: str | None = None) -> str:
-        """The complete stored result `handle` names, as text for the model."""
+    def __call__(self, handle: Any = None, session_id: str | None = None, *, query: Any = None) -> str:
+        """The complete stored result `handle` names, as text for the model; without a handle, the
+        handles of the results that best match `query`, one line each."""
         session = self.session(session_id)
-        refusal = self._refusal(handle)
-        if refusal:
-            return refusal
+        (method, asked) = self._request(handle, query)
+        if method is None:
+            return asked
         try:
-            return restored_text(self.backend.restore(session, handle))
+            return self._text(method, getattr(self.backend, method)(session, asked))
         except Exception as error:  # noqa: BLE001 - down or failing: the run must go on
-            return self._failure(handle, session, error)
+            return self._failure(method, asked, session, error)
 
-    async def acall(self, handle: Any, session_id: str | None = None) -> str:
+    async def acall(self, handle: Any = None, session_id: str | None = None, *, query: Any = None) -> str:
         """The same from async code: an `AsyncClient` is awaited, a blocking backend (the
         `Engine`, a `Client`) runs in a worker thread."""
         session = self.session(session_id)
-        refusal = self._refusal(handle)
-        if refusal:
-            return refusal
+        (method, asked) = self._request(handle, query)
+        if method is None:
+            return asked
         try:
-            if inspect.iscoroutinefunction(getattr(self.backend, "restore", None)):
-                restoration = await self.backend.restore(session, handle)
+            call = getattr(self.backend, method)
+            if inspect.iscoroutinefunction(call):
+                report = await call(session, asked)
             else:
-                restoration = await asyncio.to_thread(self.backend.restore, session, handle)
-            return restored_text(restoration)
+                report = await asyncio.to_thread(call, session, asked)
+            return self._text(method, report)
         except Exception as error:  # noqa: BLE001
-            return self._failure(handle, session, error)
+            return self._failure(method, asked, session, error)
 
     @staticmethod
-    def _refusal(handle: Any) -> str:
-        if not isinstance(handle, str) or not handle:
-            return f'{RESTORE_TOOL} needs a handle, such as {{"handle": "r17"}}: the placeholder names it.'
-        return ""
+    def _request(handle: Any, query: Any) -> tuple[str | None, str]:
+        """The backend method to call and its argument, or None and the refusal for the model."""
+        if isinstance(handle, str) and handle:
+            return ("restore", handle)
+        if isinstance(query, str) and query.strip():
+            return ("search_results", query.strip())
+        return (None, f'{RESTORE_TOOL} needs a handle, such as {{"handle": "r17"}}: the placeholder names it '
+                      '(or a "query" to search for one).')
 
     @staticmethod
-    def _failure(handle: str, session: str, error: Exception) -> str:
+    def _text(method: str, report: Any) -> str:
+        if method == "restore":
+            return restored_text(report)
+        return str(report.get("text") if isinstance(report, dict) else getattr(report, "text", ""))
+
+    @staticmethod
+    def _failure(method: str, handle: str, session: str, error: Exception) -> str:
+        if method == "search_results" and isinstance(error, InvalidRequest):
+            return f"{RESTORE_TOOL} could not search for {handle!r}: {error}"
+        if method == "search_results" and isinstance(error, UnknownSession):
+            return "There are no stored results in this conversation to search."
         if isinstance(error, (UnknownResult, UnknownSession)):
             log.info("contextrender: restore of %s in session %s refused (%s)", handle, session, error)
             return f"There is no stored result with handle {handle!r} in this conversation: use a handle a placeholder names."
@@ -127,7 +151,8 @@ class RestoreTool:
     def answer(self, tool_call: dict, session_id: str | None = None) -> dict:
         """The tool message that answers one chat-completions `tool_call` of this tool."""
         function = tool_call.get("function") or {}
-        content = self(_handle_of(function.get("arguments")), session_id)
+        (handle, query) = _ask_of(function.get("arguments"))
+        content = self(handle, session_id, query=query)
         return {"role": "tool", "tool_call_id": tool_call.get("id"), "content": content}
 
 

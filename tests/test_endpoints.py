@@ -28,6 +28,7 @@ SAMPLES = {
     "variants": [{"budget": 1000}, {"budget": 2000, "selector": "prune"}],
     "budget": 1000,
     "handle": "r1",
+    "query": "ORDER_0001",
 }
 
 
@@ -205,6 +206,7 @@ def test_every_engine_method_runs_in_process(engine):
     assert [r.budget for r in outcomes["render_variants"]] == [1000, 2000]
     assert outcomes["explain_render"].selector == "prune"  # the last render was the second variant
     assert outcomes["restore_result"].message == SAMPLES["messages"][2] and outcomes["restore_result"].handle == "r1"
+    assert [m["handle"] for m in outcomes["search_results"]["matches"]] == ["r1"]
     assert outcomes["get_session"]["session_id"] == "s1"
     assert [s["session_id"] for s in outcomes["list_sessions"]] == ["s1"]
     assert outcomes["export_graph"]["nodes"]

@@ -13,7 +13,7 @@ import pytest
 from contextrender_adapters.fakeupstream import LoopbackServer
 from contextrender_adapters.proxy import RESTORE_ROUNDS_HEADER, RESTORE_USAGE_HEADER, SESSION_HEADER, create_app
 from contextrender_adapters.restore_loop import RESTORE_TOOL, StreamRound
-from engine.notices import restore_tool
+from engine.notices import FOLD_INDEX_HEADING, restore_tool
 from tests.conftest import assistant, call, tool, user
 from tests.test_proxy import TOOLS, conversation, proxy, wait_for_events  # noqa: F401 (fixture)
 
@@ -134,6 +134,48 @@ def test_text_streamed_before_a_restore_call_is_continued_by_the_next_answer(eng
     assert round_call["content"] == "Let me look at that output again. " and round_call["tool_calls"][0]["id"] == "call_r"
     stored = engine.get_session("text-first", include_messages=True)["messages"][-1]
     assert stored == {"role": "assistant", "content": "Let me look at that output again. It says value_4_3."}
+
+
+def test_a_query_call_is_answered_with_matching_handles_then_restored_by_handle(engine, upstream, proxy):
+    # The defaults: the oldest turns fold, and the fold index names their results (by handle).
+    messages = conversation(words=10)
+    upstream.enqueue(content=None, tool_calls=[call("call_q", RESTORE_TOOL, {"query": "value_2_7"})])
+    upstream.enqueue(content=None, tool_calls=[restore_call("call_h", "r3")])
+    upstream.enqueue(content="Found it: value_2_7.")
+    with proxy(budget=B) as server:
+        raw = sdk(server).chat.completions.with_raw_response.create(
+            model="m", messages=messages, tools=TOOLS, extra_headers={SESSION_HEADER: "query"})
+        answer = raw.parse()
+        wait_for_events(engine, "query", len(messages))
+    assert answer.choices[0].message.content == "Found it: value_2_7." and raw.headers[RESTORE_ROUNDS_HEADER] == "2"
+    (first, second, third) = [r.json for r in upstream.requests]
+    assert any(FOLD_INDEX_HEADING in str(m.get("content")) for m in first["messages"])  # names the query form
+    # The search's answer: the one result holding the value (call_2's, r3), one line, then how to restore.
+    searched = second["messages"][-1]
+    assert searched["tool_call_id"] == "call_q"
+    lines = searched["content"].splitlines()
+    assert len(lines) == 3 and lines[1].startswith("r3 read_file (src/file_2.py): ") and "value_2_7" in lines[1]
+    assert third["messages"][-1] == {"role": "tool", "tool_call_id": "call_h", "content": result_text(messages, "call_2")}
+    # Only the handle's restore is recorded; the search wrote nothing.
+    assert restored_edges(engine, "query") == 1 and engine.get_session("query")["restores"] == 1
+
+
+def test_every_protocol_reads_a_handle_or_a_query_from_a_restore_call():
+    from contextrender_adapters.anthropic_restore import MESSAGES_ROUNDS
+    from contextrender_adapters.responses_restore import RESPONSES_ROUNDS
+    from contextrender_adapters.restore_loop import CHAT_ROUNDS
+
+    def shapes(arguments: dict) -> list:
+        return [(CHAT_ROUNDS, call("c", RESTORE_TOOL, arguments)), (MESSAGES_ROUNDS, {"type": "tool_use", "input": arguments}),
+                (RESPONSES_ROUNDS, {"type": "function_call", "arguments": json.dumps(arguments)})]
+
+    for (rounds, given) in shapes({"query": " ledger.py "}):
+        assert rounds.ask(given) == ("query", "ledger.py")
+    for (rounds, given) in shapes({"handle": "r3", "query": "ledger.py"}):
+        assert rounds.ask(given) == ("handle", "r3")
+    for (rounds, given) in shapes({"query": ""}):
+        with pytest.raises(ValueError, match='a string "handle".*or a "query"'):
+            rounds.ask(given)
 
 
 # ---------------------------------------------------------------- failures and limits

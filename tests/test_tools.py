@@ -33,7 +33,8 @@ def test_the_tool_the_stubs_name_answers_with_the_stored_result(engine):
 
     restore = restore_tool(engine, "run-t")
     assert restore.name == RESTORE_TOOL == restore.schema["function"]["name"]
-    assert restore.parameters["required"] == ["handle"]
+    # One of two: a handle restores, a query searches (neither is required on its own).
+    assert set(restore.parameters["properties"]) == {"handle", "query"} and "required" not in restore.parameters
     assert restore(handle) == original
     answer = restore.answer(call("x1", RESTORE_TOOL, {"handle": handle}))
     assert answer == {"role": "tool", "tool_call_id": "x1", "content": original}
@@ -54,3 +55,20 @@ def test_bad_handles_and_a_down_server_are_sentences_for_the_model(engine, caplo
     with caplog.at_level(logging.WARNING, logger="contextrender.tools"):
         assert "could not restore 'r1' now (ServerUnavailable)" in down("r1")
     assert any("restore of r1 in session run-b failed" in r.getMessage() for r in caplog.records)
+
+
+def test_a_query_answers_the_matching_handles_and_restores_nothing(engine):
+    engine.ingest("run-q", long_run(4))
+    restore = restore_tool(engine, "run-q")
+    answer = restore.answer(call("q1", RESTORE_TOOL, {"query": "f2_line_7"}))
+    assert answer["tool_call_id"] == "q1"
+    lines = answer["content"].splitlines()
+    assert lines[1].startswith("r3 read_file (f2.py): ") and "f2_line_7" in lines[1]  # the third result holds it
+    assert RESTORE_TOOL in lines[-1]
+    assert asyncio.run(restore.acall(query="f2.py")) == restore(query="f2.py")
+    assert "no stored result matches" in restore(query="nothing_like_this")
+    assert "could not search for 'x'" in restore(query="x")
+    # A handle wins over a query; a search counted no restore.
+    assert restore.answer(call("q2", RESTORE_TOOL, {"handle": "r1", "query": "f2"}))["content"].startswith("f0_line_0")
+    assert engine.get_session("run-q")["restores"] == 1
+    assert "needs a handle" in restore.answer(call("q3", RESTORE_TOOL, {"query": "  "}))["content"]

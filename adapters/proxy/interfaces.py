@@ -23,6 +23,8 @@ class Backend(Protocol):
 
     def restore(self, session_id: str, handle: str) -> Any: ...
 
+    def search_results(self, session_id: str, query: str, *, limit: int = 5) -> Any: ...
+
 
 class Exchange(Protocol):
     """One conversation request of a protocol, parsed by its format layer."""
@@ -124,8 +126,9 @@ class Rounds(Protocol):
         """A whole answer's restore calls (None when it is not an answer)."""
         ...
 
-    def handle(self, call: Any) -> str:
-        """The handle a restore call asks for (ValueError saying what to fix)."""
+    def ask(self, call: Any) -> tuple[str, str]:
+        """What a restore call asks for: `("handle", "r17")` or `("query", "words")` (restore_loop
+        `ask_of`; ValueError saying what to fix)."""
         ...
 
     def round_turns(self, answer: Any, contents: list[tuple[Any, bool]]) -> list:

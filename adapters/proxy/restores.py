@@ -103,14 +103,19 @@ class Restores:
 
     async def _answer_round(self, session_id: str, calls: Any, rounds: Rounds, protocol: Protocol) -> None:
         """Answer each restore call from the store (a tool error when it cannot be: the model goes
-        on without it) and add the round to the next upstream request."""
+        on without it) and add the round to the next upstream request. A call with a `query`
+        gets the best matching handles, one line each (a search writes nothing)."""
         contents: list[tuple[Any, bool]] = []
         state = self.sessions.session(session_id)
         async with state.lock:  # a restore writes its edge: one writer per session
             for call in calls.restore_calls:
                 handle = ""
                 try:
-                    handle = protocol.handle(call)
+                    (kind, handle) = protocol.ask(call)
+                    if kind == "query":
+                        found = await run_in_threadpool(self.backend.search_results, session_id, handle)
+                        contents.append((field(found, "text"), False))
+                        continue
                     restored = await run_in_threadpool(self.backend.restore, session_id, handle)
                     contents.append((field(restored, "message").get("content"), False))
                 except Exception as exc:  # noqa: BLE001 - the model gets the error as the tool's answer
