@@ -25,6 +25,13 @@ ROOT = Path(__file__).resolve().parent.parent
 PLUGIN = ROOT / "integrations" / "opencode" / "contextrender.js"
 TOK = get_tokenizer()
 HANDLE = re.compile(r'call contextrender_restore with handle "([rp][0-9]+)"')
+# The lines of a search answer start with the handle (engine/notices.jac search_line).
+HANDLE_LINE = re.compile(r"^([rp][0-9]+) ", re.M)
+
+
+def query_of(output: str) -> str:
+    """A value only that result held: its last word (value_<result>_<last line>)."""
+    return output.split()[-1]
 
 
 @pytest.fixture(scope="module")
@@ -116,10 +123,11 @@ def test_opencode_plugin_reads_the_server_envelope(package):
     assert json.loads(done.stdout) == {"ok": True, "threw": True}
 
 
-def run_restore(url: str, token: str, handle: str, session: str = "ses_test1") -> dict:
+def run_restore(url: str, token: str, handle: str | None, session: str = "ses_test1", query: str | None = None) -> dict:
     env = dict(os.environ, CONTEXTRENDER_URL=url, CONTEXTRENDER_TOKEN=token)
+    asked = {"handle": handle} if query is None else {"query": query}
     done = subprocess.run(["node", str(PLUGIN.parent / "test" / "restore.mjs"), str(PLUGIN)],
-                          input=json.dumps({"handle": handle, "sessionID": session}), capture_output=True, text=True,
+                          input=json.dumps(asked | {"sessionID": session}), capture_output=True, text=True,
                           env=env, timeout=60, check=True)
     return json.loads(done.stdout) | {"stderr": done.stderr}
 
@@ -144,10 +152,15 @@ def test_every_model_call_of_a_run_is_within_b_and_the_restore_tool_returns_the_
 
         restored = run_restore(jac_server.url, client.token, handles[0], session="ses_run")
         assert restored["output"] == outputs[stub["tool_call_id"]]
-        # opencode builds the tool's parameters from its zod `args`: one string, the handle.
-        assert restored["schema"]["properties"]["handle"]["type"] == "string"
-        assert restored["schema"]["required"] == ["handle"]
+        # opencode builds the tool's parameters from its zod `args`: a handle, or a query instead.
+        assert {k: v["type"] for (k, v) in restored["schema"]["properties"].items()} == {"handle": "string", "query": "string"}
+        assert "required" not in restored["schema"] or restored["schema"]["required"] == []
         assert restored["description"] == restore_tool()["function"]["description"]  # the engine's text
+
+        # A query naming what the result held answers its handle first.
+        found = run_restore(jac_server.url, client.token, None, session="ses_run", query=query_of(outputs[stub["tool_call_id"]]))
+        assert found["output"].startswith("[ContextRender: stored results that match"), found
+        assert HANDLE_LINE.findall(found["output"])[0] == handles[0], found["output"]
 
         unknown = run_restore(jac_server.url, client.token, "r99999", session="ses_run")
         assert "no stored result" in unknown["output"]

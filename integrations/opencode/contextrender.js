@@ -167,26 +167,41 @@ function parseRestore(body) {
 }
 
 /** The `contextrender_restore` tool: asks the server for the stored result of the session's
- *  handle; every failure is a sentence for the model, never a thrown error. */
+ *  handle, or (given a `query` instead) for the handles of the stored results that match it; every
+ *  failure is a sentence for the model, never a thrown error. */
 function restoreTool(post) {
   return tool({
     description: RESTORE_DESCRIPTION,
-    args: { handle: tool.schema.string().describe("The handle the placeholder names, such as r17.") },
+    args: {
+      handle: tool.schema.string().optional().describe("The handle the placeholder names, such as r17."),
+      query: tool.schema.string().optional().describe(
+        "Instead of a handle: words or values the result held (a file name, a command, an error). " +
+        "Answers the best matching handles, one line each, to restore by handle."),
+    },
     async execute(args, context) {
-      const handle = args?.handle
-      if (typeof handle !== "string" || !handle) return `${RESTORE_TOOL} needs a handle, such as {"handle": "r17"}: the placeholder names it.`
+      const session_id = `opencode-${context.sessionID}`
+      const handle = typeof args?.handle === "string" ? args.handle.trim() : ""
+      const query = typeof args?.query === "string" ? args.query.trim() : ""
+      if (!handle && !query)
+        return `${RESTORE_TOOL} needs a handle, such as {"handle": "r17"} (the placeholder names it), or a "query".`
+      const asked = handle || query
       try {
-        const response = await post("restore_result", { session_id: `opencode-${context.sessionID}`, handle })
+        const response = await post(handle ? "restore_result" : "search_results", handle ? { session_id, handle } : { session_id, query })
         const body = await response.json().catch(() => null)
         const code = body?.error?.code
-        if (code === "UNKNOWN_RESULT" || code === "UNKNOWN_SESSION")
+        if (handle && (code === "UNKNOWN_RESULT" || code === "UNKNOWN_SESSION"))
           return `There is no stored result with handle "${handle}" in this conversation: use a handle a placeholder names.`
-        if (code === "INVALID_REQUEST") return `${RESTORE_TOOL} could not read handle "${handle}": ${body.error.message ?? ""}`
+        if (!handle && code === "UNKNOWN_SESSION") return `There are no stored results in this conversation to search.`
+        if (code === "INVALID_REQUEST") return `${RESTORE_TOOL} could not read "${asked}": ${body.error.message ?? ""}`
         if (!response.ok) throw new Error(`HTTP ${response.status}: ${JSON.stringify(body)}`)
-        return parseRestore(body)
+        if (handle) return parseRestore(body)
+        const reports = body?.data?.reports ?? []
+        const text = reports[reports.length - 1]?.text
+        if (typeof text !== "string") throw new Error("ContextRender: no search answer in the server's reply")
+        return text
       } catch (error) {
-        console.warn(`contextrender: restore of ${handle} failed (${error?.message ?? error})`)
-        return `ContextRender could not restore "${handle}" now; go on without it.`
+        console.warn(`contextrender: ${handle ? "restore of" : "search for"} ${asked} failed (${error?.message ?? error})`)
+        return `ContextRender could not ${handle ? "restore" : "search for"} "${asked}" now; go on without it.`
       }
     },
   })

@@ -1,5 +1,5 @@
-// Calls the opencode plugin's contextrender_restore tool as opencode would: reads {"handle",
-// "sessionID"} on stdin, builds the tool's argument schema the way opencode does (a zod object of
+// Calls the opencode plugin's contextrender_restore tool as opencode would: reads {"handle" or
+// "query", "sessionID"} on stdin, builds the tool's argument schema the way opencode does (a zod object of
 // the tool's `args`), runs `execute`, and prints {"output", "schema", "description"} on stdout.
 import { pathToFileURL } from "node:url"
 import { tool } from "@opencode-ai/plugin"
@@ -8,11 +8,11 @@ const [pluginPath] = process.argv.slice(2)
 const { ContextRender } = await import(pathToFileURL(pluginPath).href)
 let input = ""
 for await (const chunk of process.stdin) input += chunk
-const { handle, sessionID } = JSON.parse(input)
+const { handle, query, sessionID } = JSON.parse(input)
 const hooks = await ContextRender({ client: null, project: null, directory: process.cwd(), worktree: process.cwd(), $: null })
 const restore = hooks.tool.contextrender_restore
 const z = tool.schema
-const args = z.object(restore.args).parse({ handle })
+const args = z.object(restore.args).parse(query === undefined ? { handle } : { query })
 const context = { sessionID, messageID: "msg_restore", agent: "build", directory: process.cwd(), worktree: process.cwd(),
   abort: new AbortController().signal, metadata() {}, async ask() {} }
 const output = await restore.execute(args, context)
