@@ -412,3 +412,48 @@ def test_the_graph_picture_draws_the_chain_with_statuses_reuse_and_restores(engi
 
     with pytest.raises(InvalidRequest, match="json, dot, svg, jac-dot"):
         engine.export_graph("pic", format="png")
+
+
+def _with_session(store, session_id: str, change) -> None:
+    """Run `change(session)` on the stored Session node in a context of its own, and commit."""
+    from jaclang.jac0core.runtime import JacRuntime, JacUtils
+
+    from walkers.session import find_session
+
+    ctx = JacUtils.create_j_context(user_root=None, base_path_dir=str(store))
+    token = JacRuntime.push_request_context(ctx)
+    try:
+        change(find_session(ctx.get_root(), session_id))
+    finally:
+        JacRuntime.reset_request_context(token)
+        ctx.close()
+
+
+def test_the_log_is_stored_as_one_text_and_a_log_stored_as_a_list_is_kept(tmp_path):
+    """A list of 100 dicts on the Session made every render 3 times slower (jaclang serialises
+    a node field by field at each load and commit): the log is one JSON text. A session stored
+    with the list shows it, and its next render moves it to the text."""
+    from contextrender_adapters import Engine
+
+    store = tmp_path / "store"
+    engine = Engine(store)
+    for i in range(3):
+        engine.render("old", reads(2), budget=1000 + i)
+    before = engine.inspect("old")["renders"]
+    engine.close()
+    stored: dict = {}
+    _with_session(store, "old", lambda s: stored.update(text=s.render_log, listed=list(s.renders)))
+    assert stored["listed"] == [] and [e["n"] for e in json.loads(stored["text"])] == [1, 2, 3]
+
+    def as_list(session) -> None:
+        (session.renders, session.render_log) = (json.loads(session.render_log), "")
+
+    _with_session(store, "old", as_list)
+    engine = Engine(store)
+    assert engine.inspect("old")["renders"] == before
+    engine.render("old", reads(2), budget=2000)
+    after = engine.inspect("old")["renders"]
+    assert after[:3] == before and after[-1]["n"] == 4 and after[-1]["budget"] == 2000
+    engine.close()
+    _with_session(store, "old", lambda s: stored.update(text=s.render_log, listed=list(s.renders)))
+    assert stored["listed"] == [] and [e["n"] for e in json.loads(stored["text"])] == [1, 2, 3, 4]
