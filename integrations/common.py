@@ -72,7 +72,12 @@ def align(originals: list[dict], rendered: list[dict]) -> list[Aligned]:
 
     Tool messages are found by their call id, assistant messages with calls by their first call
     id, other messages by their role and text in order; a text the render cut takes the next
-    original of its role. A user message found nowhere before anything else is the fold marker."""
+    original of its role. A user message found nowhere before anything else is the fold marker;
+    one that opens with the fold index's heading is the index (sent apart, after the selected
+    results of folded turns): both are notices the render wrote, with no original."""
+    from contextrender_adapters.core import FOLD_INDEX_HEADING, FOLD_INDEX_STORED_HEADING
+
+    index_openings = (FOLD_INDEX_HEADING, FOLD_INDEX_STORED_HEADING)
     tool_at = {m.get("tool_call_id"): i for (i, m) in enumerate(originals) if m.get("role") == "tool"}
     out: list[Aligned] = []
     next_at = 0
@@ -83,6 +88,9 @@ def align(originals: list[dict], rendered: list[dict]) -> list[Aligned]:
         if role == "tool":
             i = tool_at.get(r.get("tool_call_id"))
             out.append(Aligned(r, i, i is not None and _same(originals[i], r)))
+            continue
+        if role == "user" and isinstance(_text(r), str) and _text(r).startswith(index_openings):
+            out.append(Aligned(r, None, False))  # the fold index
             continue
         found = None
         first = _first_call(r)

@@ -90,3 +90,30 @@ def test_openclaw_provider_entry_points_at_the_proxy_and_its_api_works(proxy_url
     assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices) == "claw"
     assert upstream.requests[-1].json["model"] == model["id"]
     assert_rendered(upstream, messages)
+
+
+def test_align_tells_the_fold_index_apart_from_the_frameworks_messages():
+    """The fold index is sent as its own user message after the selected results of folded turns
+    (engine/notices.jac marker_messages): aligned to no original, so the framework's next user
+    message and the assistant's restore call keep theirs (a LangChain run sent a restore call as an
+    empty user message when the index took the next user original's place)."""
+    from contextrender_adapters.core import FOLD_INDEX_HEADING
+    from contextrender_integrations.common import align
+
+    originals = [
+        {"role": "user", "content": "Read the files."},
+        {"role": "assistant", "content": None, "tool_calls": [call("c1", "read_file", {"path": "a.py"})]},
+        {"role": "tool", "tool_call_id": "c1", "content": "a.py body"},
+        {"role": "assistant", "content": "Read them."},
+        {"role": "user", "content": "What was in a.py?"},
+        {"role": "assistant", "content": None, "tool_calls": [call("c2", "contextrender_restore", {"handle": "r1"})]},
+        {"role": "tool", "tool_call_id": "c2", "content": "a.py body"},
+    ]
+    rendered = [
+        {"role": "user", "content": "[ContextRender: the oldest messages of this conversation are left out ...]"},
+        originals[1], originals[2],
+        {"role": "user", "content": FOLD_INDEX_HEADING + "\nread_file results: r1"},
+        *originals[3:],
+    ]
+    found = [(a.origin, a.same) for a in align(originals, rendered)]
+    assert found == [(None, False), (1, True), (2, True), (None, False), (3, True), (4, True), (5, True), (6, True)]
