@@ -127,3 +127,32 @@ def test_contextrender_down_assemble_returns_openclaws_messages_and_says_why():
     assert "could not restore" in restored["result"]["content"][0]["text"]
     assert any("history sent unchanged for openclaw-sess-2" in w for w in out["warnings"])
     assert any("restore of r1 in openclaw-sess-2 failed" in w for w in out["warnings"])
+
+
+def test_from_chat_keeps_the_fold_index_apart_from_openclaws_messages():
+    """The fold index is its own user message after the folded results kept (engine/notices.jac
+    marker_messages): fromChat adds it as the render's own message, and the user's next message
+    and the restore call after it keep their originals (it took the next user original's place)."""
+    from contextrender_adapters.core import FOLD_INDEX_HEADING, FOLD_INDEX_STORED_HEADING
+
+    messages = transcript(2) + [
+        {"role": "user", "content": "What was in f0?", "timestamp": 50},
+        {"role": "assistant", "api": "openai-completions", "provider": "fake", "model": "fake-model", "stopReason": "toolUse",
+         "timestamp": 51, "content": [{"type": "toolCall", "id": "call_r", "name": "contextrender_restore", "arguments": {"handle": "r1"}}]},
+        {"role": "toolResult", "toolCallId": "call_r", "toolName": "contextrender_restore", "isError": False,
+         "content": [{"type": "text", "text": body(0)}], "timestamp": 52},
+    ]
+    script = (f"import {{ toChat, fromChat }} from {json.dumps((PACKAGE / 'index.mjs').as_uri())};"
+              "let input = ''; for await (const c of process.stdin) input += c;"
+              "const { messages, heading } = JSON.parse(input); const chat = toChat(messages);"
+              "const rendered = [{ role: 'user', content: '[ContextRender: the oldest messages are left out.]' },"
+              " chat[1], chat[2], { role: 'user', content: heading + '\\nread results: r1' }, ...chat.slice(3)];"
+              "process.stdout.write(JSON.stringify(fromChat(messages, rendered)))")
+    for heading in (FOLD_INDEX_HEADING, FOLD_INDEX_STORED_HEADING):
+        done = subprocess.run(["node", "--input-type=module", "-e", script], input=json.dumps({"messages": messages, "heading": heading}),
+                              capture_output=True, text=True, timeout=30)
+        assert done.returncode == 0, done.stderr[-2000:]
+        out = json.loads(done.stdout)
+        assert [m["role"] for m in out] == ["user", "assistant", "toolResult", "user", "assistant", "toolResult", "user", "assistant", "toolResult"]
+        assert out[3]["content"].startswith(heading)
+        assert out[6:] == messages[5:]  # the user's question, the restore call and its result, as they were

@@ -166,3 +166,27 @@ def test_every_model_call_of_a_run_is_within_b_and_the_restore_tool_returns_the_
         assert "no stored result" in unknown["output"]
     down = run_restore(f"http://127.0.0.1:{free_port()}", "", handles[0], session="ses_run")
     assert "could not restore" in down["output"] and "restore of" in down["stderr"]
+
+
+def test_apply_render_keeps_the_fold_index_apart_from_opencodes_messages(package):
+    """The fold index is its own user message after the folded results kept (engine/notices.jac
+    marker_messages): applyRender adds it as a synthetic message, and the user's next message keeps
+    its original (it took that original's place before)."""
+    from contextrender_adapters.core import FOLD_INDEX_HEADING, FOLD_INDEX_STORED_HEADING
+
+    messages = opencode_session(results=3, words=5)
+    script = (f"import {{ ContextRender }} from {json.dumps(PLUGIN.as_uri())};"
+              "let input = ''; for await (const c of process.stdin) input += c;"
+              "const { messages, heading } = JSON.parse(input); const chat = ContextRender.toChat(messages);"
+              "const rendered = [{ role: 'user', content: '[ContextRender: the oldest messages are left out.]' },"
+              " ...chat.slice(2, 5), { role: 'user', content: heading + '\\nread results: r1' }, ...chat.slice(5)];"
+              "process.stdout.write(JSON.stringify(ContextRender.applyRender(messages, rendered)))")
+    for heading in (FOLD_INDEX_HEADING, FOLD_INDEX_STORED_HEADING):
+        done = subprocess.run(["node", "--input-type=module", "-e", script], input=json.dumps({"messages": messages, "heading": heading}),
+                              capture_output=True, text=True, timeout=30, cwd=PLUGIN.parent)
+        assert done.returncode == 0, done.stderr[-2000:]
+        out = json.loads(done.stdout)
+        synthetic = [m for m in out if any(p.get("synthetic") for p in m["parts"])]
+        assert [m["parts"][0]["text"][:len(heading)] for m in synthetic[1:]] == [heading]
+        assert len({m["info"]["id"] for m in out}) == len(out)  # the two notices have their own ids
+        assert out[-1] == messages[-1]  # "Now write the fix.", as it was

@@ -67,6 +67,10 @@ function origins(messages) {
 }
 
 const sameText = (a, b) => (a ?? "") === (b ?? "")
+// The fold index opens with this (engine/notices.jac FOLD_INDEX_HEADING and its stored form): a
+// user message of the render's own, sent apart after the selected results of folded turns.
+const FOLD_INDEX_OPENING = "Results left out with them"
+const isFoldIndex = (text) => typeof text === "string" && text.startsWith(FOLD_INDEX_OPENING)
 const callIds = (m) => (m.tool_calls ?? []).map((c) => c.id)
 
 /** The OpenClaw messages for a rendered chat list (messages are copied, never changed in place). */
@@ -94,8 +98,8 @@ export function fromChat(messages, rendered) {
         break
       }
     }
-    if (found < 0 && r.role === "user" && out.length === 0) {
-      // The fold marker: the oldest turns are left out.
+    if (found < 0 && r.role === "user" && (out.length === 0 || isFoldIndex(textOf(r.content)))) {
+      // The fold marker (the oldest turns are left out), or the fold index after the folded results kept.
       out.push({ role: "user", content: textOf(r.content), timestamp: messages[0]?.timestamp ?? Date.now() })
       continue
     }

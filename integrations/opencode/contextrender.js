@@ -27,6 +27,10 @@ import { tool } from "@opencode-ai/plugin"
 
 // The tool the engine's stubs name (engine/notices.jac RESTORE_TOOL) and its description.
 const RESTORE_TOOL = "contextrender_restore"
+// The fold index opens with this (engine/notices.jac FOLD_INDEX_HEADING and its stored form): a
+// user message of the render's own, sent apart after the selected results of folded turns.
+const FOLD_INDEX_OPENING = "Results left out with them"
+const isFoldIndex = (content) => typeof content === "string" && content.startsWith(FOLD_INDEX_OPENING)
 const RESTORE_DESCRIPTION =
   "Show again, complete, a tool result that ContextRender left out of this conversation " +
   "to fit its history budget. The placeholder that stands for the result names its handle."
@@ -108,8 +112,9 @@ function applyRender(messages, rendered) {
         break
       }
     }
-    if (found < 0 && r.role === "user" && out.length === 0) {
-      out.push(marker(messages, r.content)) // the fold marker: older turns left out
+    if (found < 0 && r.role === "user" && (out.length === 0 || isFoldIndex(r.content))) {
+      // The fold marker (older turns left out), or the fold index after the folded results kept.
+      out.push(marker(messages, r.content, out.length === 0 ? "contextrender" : "contextrender-index"))
       continue
     }
     if (found < 0) found = origin.findIndex((o, k) => k >= next && o.entry.role === r.role) // a cut text
@@ -120,9 +125,9 @@ function applyRender(messages, rendered) {
   return out
 }
 
-function marker(messages, text) {
+function marker(messages, text, suffix) {
   const first = messages.find((m) => m.info?.role === "user") ?? messages[0]
-  const id = `${first.info.id}-contextrender`
+  const id = `${first.info.id}-${suffix}`
   return {
     info: { ...first.info, id },
     parts: [{ id: `${id}-text`, sessionID: first.info.sessionID, messageID: id, type: "text", text: String(text ?? ""), synthetic: true }],
