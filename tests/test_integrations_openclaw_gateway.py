@@ -1,0 +1,126 @@
+"""The OpenClaw plugin inside the real OpenClaw (openclaw 2026.9.6, tests/openclaw_gateway.py):
+`openclaw plugins install --link integrations/openclaw`, the plugin made the context engine, then
+three `openclaw agent --local` turns (two read a file with OpenClaw's own `read` tool) against the
+fake model on loopback, with a real ContextRender server. OpenClaw calls our `assemble` with the
+history before each turn; the last model call must show at most B tokens of it, with valid pairing
+and stubs for what was left out, with the oldest turn folded under ContextRender's marker and the results cut to stubs, and the
+server must hold the session under OpenClaw's key. A fourth turn's model calls the restore tool
+(OpenClaw's tool search is turned off, so plugin tools are offered directly) and gets the file."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+from pathlib import Path
+
+
+from adapters.fakeupstream import FakeUpstream
+from contextrender_adapters.checks import pairing_problems
+from contextrender_adapters.client import Client
+from engine.measure import get_tokenizer
+from tests.openclaw_gateway import node_path, openclaw_command, openclaw_home
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / "integrations" / "openclaw"
+TOK = get_tokenizer()
+BUDGET = 600
+KEY = "agent:main:contextrender-test"
+HANDLE = re.compile(r'call contextrender_restore with handle "([rp][0-9]+)"')
+PROMPTS = ["Turn one: read notes1.txt and summarise it.", "Turn two: read notes2.txt and summarise it.",
+           "Turn three: what did the two files say?", "Turn four: show the first file again."]
+
+
+def notes(i: int) -> str:
+    return "\n".join(f"notes_{i} line {j}: the value of setting_{j} is {j * i}" for j in range(60))
+
+
+def read_call(i: int) -> list[dict]:
+    return [{"id": f"call_read_{i}", "type": "function", "function": {"name": "read", "arguments": json.dumps({"path": f"notes{i}.txt"})}}]
+
+
+def history(chat: list[dict], prompt: str) -> list[dict]:
+    """What came before the current turn (after the system prompt) in a chat-completions request."""
+    start = next(i for i, m in enumerate(chat) if m["role"] == "user" and prompt in str(m.get("content")))
+    return [m for m in chat[:start] if m["role"] not in ("system", "developer")]
+
+
+def configure(state: Path, upstream: str, server: str, token: str, workspace: Path) -> None:
+    config = json.loads((state / "openclaw.json").read_text()) if (state / "openclaw.json").exists() else {}
+    config["models"] = {"mode": "merge", "providers": {"fake": {
+        "baseUrl": upstream, "apiKey": "sk-fake", "api": "openai-completions",
+        "models": [{"id": "fake-model", "name": "Fake model", "reasoning": False, "input": ["text"],
+                    "contextWindow": 200000, "maxTokens": 4096}]}}}
+    config["tools"] = {"toolSearch": {"enabled": False}}  # every tool offered to the model, ours too
+    config["agents"] = {"defaults": {"model": {"primary": "fake/fake-model"}, "workspace": str(workspace)}}
+    plugins = config.setdefault("plugins", {})
+    plugins["slots"] = {"contextEngine": "contextrender"}
+    entry = plugins.setdefault("entries", {}).setdefault("contextrender", {})
+    entry["config"] = {"url": server, "token": token, "budget": BUDGET}
+    (state / "openclaw.json").write_text(json.dumps(config, indent=2))
+
+
+def test_the_real_openclaw_runs_turns_through_the_plugin_within_b(jac_server, tmp_path):
+    home = openclaw_home()
+    openclaw = openclaw_command(home)
+    state, workspace = tmp_path / "state", tmp_path / "workspace"
+    state.mkdir()
+    workspace.mkdir()
+    for i in (1, 2):
+        (workspace / f"notes{i}.txt").write_text(notes(i))
+    env = dict(os.environ, HOME=str(tmp_path), PATH=node_path(home), OPENCLAW_STATE_DIR=str(state),
+               OPENCLAW_CONFIG_PATH=str(state / "openclaw.json"), NO_COLOR="1")
+
+    def run(*args: str) -> subprocess.CompletedProcess:
+        done = subprocess.run([*openclaw, *args], env=env, cwd=workspace, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, f"openclaw {' '.join(args)} failed:\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}"
+        return done
+
+    with FakeUpstream() as upstream, Client(jac_server.url) as client:
+        client.register("openclaw-gateway-user", "secret-password-5")
+        configure(state, upstream.base_url, jac_server.url, client.token, workspace)
+        installed = run("plugins", "install", "--link", str(PACKAGE), "--force", "--accept-capabilities")
+        assert "Linked plugin path" in installed.stdout
+        configure(state, upstream.base_url, jac_server.url, client.token, workspace)  # keeps what the install wrote
+        assert json.loads((state / "openclaw.json").read_text())["plugins"]["entries"]["contextrender"]["enabled"] is True
+
+        logs = []
+        for i, prompt in enumerate(PROMPTS[:3], start=1):
+            if i < 3:
+                upstream.enqueue(content=None, tool_calls=read_call(i))
+            upstream.enqueue(content=f"Done with turn {i}.")
+            done = run("agent", "--local", "--session-key", KEY, "--message", prompt, "--json")
+            logs.append(done.stderr)
+        assert 'context engine "contextrender" owns compaction' in logs[-1]
+        assert "contextrender: history sent unchanged" not in "".join(logs)
+
+        chats = [r.json["messages"] for r in upstream.requests if r.path.endswith("/chat/completions")]
+        # Each file was read by OpenClaw's own tool and came back to the model whole in its turn.
+        results = [m for chat in chats for m in chat if m["role"] == "tool"]
+        assert any("notes_1 line 59" in str(m["content"]) for m in results)
+        last = chats[-1]
+        assert PROMPTS[2] in str(last)
+        past = history(last, PROMPTS[2])
+        assert past, "OpenClaw sent no history before the third turn"
+        assert TOK.history_tokens(past) <= BUDGET
+        assert pairing_problems(last) == []
+        # Without the engine the history holds both files, well over B: something was left out.
+        assert TOK.history_tokens([{"role": "tool", "tool_call_id": "x", "content": notes(1) + notes(2)}]) > 2 * BUDGET
+        # The oldest turn is folded under ContextRender's marker, the file results are cut to stubs
+        # that name their handles.
+        assert f"left out to fit the {BUDGET}-token history budget" in json.dumps(past)
+        first = next(m for m in past if m["role"] == "tool" and m["tool_call_id"].endswith("1"))
+        handles = HANDLE.findall(str(first["content"]))
+        assert handles, f"the first file's result should be a stub that names its handle: {first}"
+        handle = handles[0]
+
+        # A fourth turn: the model calls the restore tool OpenClaw offers; it gets the file back.
+        assert "contextrender_restore" in [t["function"]["name"] for t in upstream.requests[-1].json["tools"]]
+        upstream.enqueue_restore(handle)
+        upstream.enqueue(content="Done with turn 4.")
+        run("agent", "--local", "--session-key", KEY, "--message", PROMPTS[3], "--json")
+        answered = [m for m in upstream.requests[-1].json["messages"] if m["role"] == "tool"][-1]
+        assert notes(1) in str(answered["content"])
+        session = client.get_session(f"openclaw-{KEY}")
+        assert session["events"] >= 8  # two turns of user, tool call, tool result, answer
