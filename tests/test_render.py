@@ -290,6 +290,40 @@ def test_the_fold_index_is_sent_again_while_the_fold_stays(engine):
         assert by_fold.setdefault(fold, text) == text
 
 
+@pytest.mark.parametrize("settings", [
+    {"policy": "per-call"},
+    {"policy": "per-call", "fold_index_digest": 40, "fold_index_place": "marker"},
+    {"policy": "per-call", "fold_index_small": True, "fold_index_handles": False, "fold_index_digest": 30},
+    {},
+])
+def test_the_fold_index_from_an_index_that_kept_its_figures_is_the_one_counted_afresh(tmp_path, settings):
+    """The fold index's figures are kept per index (handle tokens, the results worth listing, the
+    running tokens of naming them, each fold's marker) and extended as results arrive: a
+    conversation rendered at every call on one index sends what an index built for each call
+    (nothing kept) sends."""
+    from engine.index import SESSION_CACHE
+
+    messages = folded_session(14)
+    messages[6] = tool("c2", "ok")
+    engine = Engine(tmp_path / "store")
+    (folds, warm) = (set(), set())
+    for j in range(8, len(messages) + 1, 2):
+        # Per call, twice: the second render finds this fold's figures kept by the first (the
+        # stable policy would append nothing to the first instead).
+        first = engine.render("warm", messages[:j], budget=1500, **settings)
+        warm = warm or set(SESSION_CACHE._indexes)
+        kept = engine.render("warm", messages[:j], budget=1500, **settings) if settings else first
+        # Every index but the warm session's is dropped: the cold one is built again each call.
+        for key in [k for k in SESSION_CACHE._indexes if k not in warm]:
+            SESSION_CACHE.drop(key)
+        afresh = engine.render("cold", messages[:j], budget=1500, **settings)
+        for key in [k for k in SESSION_CACHE._indexes if k not in warm]:
+            SESSION_CACHE.drop(key)
+        assert first.messages == kept.messages == afresh.messages and kept.mode == afresh.mode, j
+        folds.add(kept.folded_messages)
+    assert len(folds) > 2 and fold_index_text(kept) + history_of(kept)[0]["content"]
+
+
 def test_without_the_fold_index_the_marker_is_the_constant_one(engine):
     from engine.notices import fold_marker
 
