@@ -504,3 +504,37 @@ def test_explain_and_last_render_are_the_same_after_a_restart(tmp_path):
     assert in_new_process(script, tmp_path / "restarted") == json.loads(json.dumps([explained, last]))
     assert any(d["reason"].startswith("selected #") for d in explained["decisions"])
     assert any(d["reason"].startswith("did not fit") and d["score"] > 0 for d in explained["decisions"])
+
+
+def test_the_last_render_figures_are_one_text_and_figures_stored_as_a_dict_are_kept(tmp_path):
+    """The Session keeps the last render's figures (get_session's last_render) as one JSON text:
+    a dict of 18 values cost every render its serialisations at each load, commit and write. A
+    session stored with the dict shows it, and its next render writes the text and empties it."""
+    from tests.test_inspector import _with_session
+
+    store = tmp_path / "store"
+    engine = Engine(store)
+    messages = folded_session(4)
+    engine.render("old", messages, budget=1500)
+    shown = engine.get_session("old")["last_render"]
+    engine.close()
+    stored: dict = {}
+    _with_session(store, "old", lambda s: stored.update(text=s.render_figures, kept=dict(s.last_render)))
+    assert stored["kept"] == {} and json.loads(stored["text"]) == shown and shown["budget"] == 1500
+
+    def as_dict(session) -> None:
+        (session.last_render, session.render_figures) = (json.loads(session.render_figures), "")
+
+    _with_session(store, "old", as_dict)
+    # As after a restart: no render in memory to show instead.
+    from engine.index import SESSION_CACHE
+
+    for key in list(SESSION_CACHE._indexes):
+        SESSION_CACHE.drop(key)
+    engine = Engine(store)
+    assert engine.get_session("old")["last_render"] == shown
+    rendered = engine.render("old", messages, budget=1400)
+    assert engine.get_session("old")["last_render"] == rendered.summary()
+    engine.close()
+    _with_session(store, "old", lambda s: stored.update(text=s.render_figures, kept=dict(s.last_render)))
+    assert stored["kept"] == {} and json.loads(stored["text"]) == rendered.summary()
