@@ -290,6 +290,40 @@ def test_the_fold_index_is_sent_again_while_the_fold_stays(engine):
         assert by_fold.setdefault(fold, text) == text
 
 
+@pytest.mark.parametrize("settings", [
+    {"policy": "per-call"},
+    {"policy": "per-call", "fold_index_digest": 40, "fold_index_place": "marker"},
+    {"policy": "per-call", "fold_index_small": True, "fold_index_handles": False, "fold_index_digest": 30},
+    {},
+])
+def test_the_fold_index_from_an_index_that_kept_its_figures_is_the_one_counted_afresh(tmp_path, settings):
+    """The fold index's figures are kept per index (handle tokens, the results worth listing, the
+    running tokens of naming them, each fold's marker) and extended as results arrive: a
+    conversation rendered at every call on one index sends what an index built for each call
+    (nothing kept) sends."""
+    from engine.index import SESSION_CACHE
+
+    messages = folded_session(14)
+    messages[6] = tool("c2", "ok")
+    engine = Engine(tmp_path / "store")
+    (folds, warm) = (set(), set())
+    for j in range(8, len(messages) + 1, 2):
+        # Per call, twice: the second render finds this fold's figures kept by the first (the
+        # stable policy would append nothing to the first instead).
+        first = engine.render("warm", messages[:j], budget=1500, **settings)
+        warm = warm or set(SESSION_CACHE._indexes)
+        kept = engine.render("warm", messages[:j], budget=1500, **settings) if settings else first
+        # Every index but the warm session's is dropped: the cold one is built again each call.
+        for key in [k for k in SESSION_CACHE._indexes if k not in warm]:
+            SESSION_CACHE.drop(key)
+        afresh = engine.render("cold", messages[:j], budget=1500, **settings)
+        for key in [k for k in SESSION_CACHE._indexes if k not in warm]:
+            SESSION_CACHE.drop(key)
+        assert first.messages == kept.messages == afresh.messages and kept.mode == afresh.mode, j
+        folds.add(kept.folded_messages)
+    assert len(folds) > 2 and fold_index_text(kept) + history_of(kept)[0]["content"]
+
+
 def test_without_the_fold_index_the_marker_is_the_constant_one(engine):
     from engine.notices import fold_marker
 
@@ -470,3 +504,37 @@ def test_explain_and_last_render_are_the_same_after_a_restart(tmp_path):
     assert in_new_process(script, tmp_path / "restarted") == json.loads(json.dumps([explained, last]))
     assert any(d["reason"].startswith("selected #") for d in explained["decisions"])
     assert any(d["reason"].startswith("did not fit") and d["score"] > 0 for d in explained["decisions"])
+
+
+def test_the_last_render_figures_are_one_text_and_figures_stored_as_a_dict_are_kept(tmp_path):
+    """The Session keeps the last render's figures (get_session's last_render) as one JSON text:
+    a dict of 18 values cost every render its serialisations at each load, commit and write. A
+    session stored with the dict shows it, and its next render writes the text and empties it."""
+    from tests.test_inspector import _with_session
+
+    store = tmp_path / "store"
+    engine = Engine(store)
+    messages = folded_session(4)
+    engine.render("old", messages, budget=1500)
+    shown = engine.get_session("old")["last_render"]
+    engine.close()
+    stored: dict = {}
+    _with_session(store, "old", lambda s: stored.update(text=s.render_figures, kept=dict(s.last_render)))
+    assert stored["kept"] == {} and json.loads(stored["text"]) == shown and shown["budget"] == 1500
+
+    def as_dict(session) -> None:
+        (session.last_render, session.render_figures) = (json.loads(session.render_figures), "")
+
+    _with_session(store, "old", as_dict)
+    # As after a restart: no render in memory to show instead.
+    from engine.index import SESSION_CACHE
+
+    for key in list(SESSION_CACHE._indexes):
+        SESSION_CACHE.drop(key)
+    engine = Engine(store)
+    assert engine.get_session("old")["last_render"] == shown
+    rendered = engine.render("old", messages, budget=1400)
+    assert engine.get_session("old")["last_render"] == rendered.summary()
+    engine.close()
+    _with_session(store, "old", lambda s: stored.update(text=s.render_figures, kept=dict(s.last_render)))
+    assert stored["kept"] == {} and json.loads(stored["text"]) == rendered.summary()
