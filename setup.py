@@ -8,8 +8,9 @@ file copies the entry module and jac.toml beside them), and, compiled by jaclang
 jaclang loads a module from that bundle when the module's source, its impl files and the jaclang
 and Python versions match the key the bundle was stamped with, so an installed engine does not
 compile on its first start. Each bundle file also carries its module's access table (jaclang's
-interop section, copied from the bundler's compile: `_add_access_tables`), which
-`contextrender serve` reads instead of compiling the modules again (adapters/access_table.py). An editable install uses the checkout itself and gets neither.
+interop section, copied from the bundler's compile: `_add_access_tables`), which `contextrender
+serve` reads instead of compiling the modules again (adapters/access_table.py). An editable
+install uses the checkout itself and gets neither.
 """
 
 from __future__ import annotations

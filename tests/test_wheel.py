@@ -64,6 +64,13 @@ def test_the_wheel_carries_the_jac_engine_and_its_compiled_form(dist):
     compiled = {n for n in names if n.startswith("contextrender_adapters/_precompiled/cpython-312/jac/") and n.endswith(".jir")}
     modules = [s for s in JAC_SOURCES if ".impl." not in s] + ["contextrender_server.jac"]
     assert len(compiled) == len(modules), sorted(compiled)
+    # Each bundle file carries its module's access table (setup.py), which `serve` reads.
+    from jaclang.jac0core.jir import HEADER_SIZE, SEC_INTEROP, SECTIONS_MAGIC, read_sections
+
+    for name in compiled:
+        data = zipfile.ZipFile(wheel).read(name)
+        section = read_sections(data, data.find(SECTIONS_MAGIC, HEADER_SIZE) + len(SECTIONS_MAGIC)).get(SEC_INTEROP)
+        assert section is not None and "walker_access" in json.loads(section), name
     assert not [n for n in names if "/.jac/" in n], "a build's module cache went into the wheel"
     metadata = zipfile.ZipFile(wheel).read(next(n for n in names if n.endswith(".dist-info/METADATA"))).decode()
     assert "License-Expression: MIT" in metadata
