@@ -55,7 +55,11 @@ class BuildWithJac(build_py):
             source = Path(scratch) / "src"
             source.mkdir()
             (source / PACKAGE).symlink_to(package.resolve(), target_is_directory=True)
-            env = dict(os.environ, LITELLM_LOCAL_MODEL_COST_MAP="True", JAC_DISABLED_PLUGINS="contextrender:server")
+            # JAC_REBUILD: every module compiled and its module cache file (with the interop section
+            # that `_add_access_tables` copies) written, also one the program already holds in memory
+            # because an earlier module imported it (jaclang returns that one's bytecode unwritten).
+            env = dict(os.environ, LITELLM_LOCAL_MODEL_COST_MAP="True", JAC_DISABLED_PLUGINS="contextrender:server",
+                       JAC_REBUILD="1")
             result = subprocess.run(
                 [sys.executable, "-m", "jaclang", "run", str(script), str(source)],
                 cwd=scratch, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
