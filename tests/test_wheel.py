@@ -3,7 +3,7 @@ installed (not editable) into a new virtual environment, and used from an empty 
 nothing of the checkout is on the path.
 
 Slow (a build with the Jac modules precompiled, an install from pip's cache, a server start): about
-3-5 min.
+5-8 min.
 """
 
 from __future__ import annotations
