@@ -7,7 +7,10 @@ file copies the entry module and jac.toml beside them), and, compiled by jaclang
 (`jaclang/utils/precompile_bytecode.jac`), as `contextrender_adapters/_precompiled/cpython-3XX/`:
 jaclang loads a module from that bundle when the module's source, its impl files and the jaclang
 and Python versions match the key the bundle was stamped with, so an installed engine does not
-compile on its first start. An editable install uses the checkout itself and gets neither.
+compile on its first start. Each bundle file also carries its module's access table (jaclang's
+interop section, copied from the bundler's compile: `_add_access_tables`), which `contextrender
+serve` reads instead of compiling the modules again (adapters/access_table.py). An editable
+install uses the checkout itself and gets neither.
 """
 
 from __future__ import annotations
@@ -52,19 +55,60 @@ class BuildWithJac(build_py):
             source = Path(scratch) / "src"
             source.mkdir()
             (source / PACKAGE).symlink_to(package.resolve(), target_is_directory=True)
-            env = dict(os.environ, LITELLM_LOCAL_MODEL_COST_MAP="True", JAC_DISABLED_PLUGINS="contextrender:server")
+            # JAC_REBUILD: every module compiled and its module cache file (with the interop section
+            # that `_add_access_tables` copies) written, also one the program already holds in memory
+            # because an earlier module imported it (jaclang returns that one's bytecode unwritten).
+            env = dict(os.environ, LITELLM_LOCAL_MODEL_COST_MAP="True", JAC_DISABLED_PLUGINS="contextrender:server",
+                       JAC_REBUILD="1")
             result = subprocess.run(
                 [sys.executable, "-m", "jaclang", "run", str(script), str(source)],
                 cwd=scratch, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
             )
+        compiled = list((package / "_precompiled").rglob("*.jir"))
+        if result.returncode != 0 or "0 failed" not in result.stdout or not compiled:
+            raise RuntimeError(f"precompiling the Jac modules failed:\n{result.stdout[-4000:]}")
+        tables = _add_access_tables(package, compiled)
         # Compiling leaves jaclang's per-folder module cache (.jac/cache) beside the sources: it is
         # keyed by this build's paths and does not belong in the wheel.
         for cache in [p for p in package.rglob(".jac") if p.is_dir()]:
             shutil.rmtree(cache)
-        compiled = list((package / "_precompiled").rglob("*.jir"))
-        if result.returncode != 0 or "0 failed" not in result.stdout or not compiled:
-            raise RuntimeError(f"precompiling the Jac modules failed:\n{result.stdout[-4000:]}")
-        self.announce(f"precompiled {len(compiled)} Jac modules", level=2)
+        self.announce(f"precompiled {len(compiled)} Jac modules, {tables} with their access table", level=2)
+
+
+def _add_access_tables(package: Path, compiled: list[Path]) -> int:
+    """Copy each module's interop section (its walkers' and functions' access levels, which
+    `jac start` serves by) from the module cache the bundler's compile wrote into the module's
+    bundle file, matched by module key; returns how many bundle files got one.
+
+    jaclang's bundle files hold only the bytecode and the key, and a wheel install loads from them,
+    so its module cache has no table and `contextrender serve` would compile every module again
+    to read the access levels; adapters/access_table.py reads them from the bundle file instead.
+    jaclang reads only the bundle's bytecode section, so the extra section changes nothing else.
+    """
+    from jaclang.jac0core.jir import HEADER_SIZE, SEC_INTEROP, SECTIONS_MAGIC, read_modkey, read_sections, write_sections
+
+    def sections(data: bytes) -> tuple[int, dict[int, bytes]]:
+        start = data.find(SECTIONS_MAGIC, HEADER_SIZE)
+        return (start, read_sections(data, start + len(SECTIONS_MAGIC)) if start >= 0 else {})
+
+    tables: dict[str, bytes] = {}
+    for cache in package.rglob(".jac/cache/*.jir"):
+        data = cache.read_bytes()
+        (_, found) = sections(data)
+        key = read_modkey(data)
+        if key and SEC_INTEROP in found:
+            tables[key] = found[SEC_INTEROP]
+    added = 0
+    for path in compiled:
+        data = path.read_bytes()
+        (start, found) = sections(data)
+        table = tables.get(read_modkey(data) or "")
+        if start < 0 or table is None:
+            continue
+        found[SEC_INTEROP] = table
+        path.write_bytes(data[:start] + write_sections(found))
+        added += 1
+    return added
 
 
 setup(cmdclass={"build_py": BuildWithJac})

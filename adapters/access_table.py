@@ -8,7 +8,9 @@ from the compile cache (a warm start) it is not in the program's hub, so `_load_
 start. Each module's cache file (`.jir`) already carries that table (jaclang writes
 `walker_access`, `func_access` and `endpoint_effects` into its interop section "so a warm-cache
 load keeps the serve access table populated"); this reads it, for the entry module and every
-module that defines something in the entry module's namespace (its `import from` providers).
+module that defines something in the entry module's namespace (its `import from` providers). In a
+wheel install the modules load from the wheel's precompiled bundle (`_precompiled/`), whose files
+setup.py builds with the same section: it is read from there when the module cache has none.
 
 Used only with the pinned jaclang and jac-scale, an entry module without client code, and cache
 files that match their sources (jaclang's own key check); on anything else (a missing or stale
@@ -23,6 +25,7 @@ import logging
 import os
 import sys
 from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
 from typing import Any
 
 logger = logging.getLogger("contextrender.server")
@@ -37,14 +40,27 @@ def pinned() -> bool:
         return False
 
 
-def _interop(source: str) -> dict[str, Any] | None:
-    """The interop section of `source`'s cache file, or None if there is none that matches it."""
-    from jaclang.jac0core.jir import (
-        HEADER_SIZE, SEC_INTEROP, SECTIONS_MAGIC, get_module_cache_path, jir_matches_source, read_sections,
-    )
+def _bundle_file(source: str) -> Path | None:
+    """The file of the `_precompiled/` bundle (a wheel's, setup.py) that jaclang would load `source`
+    from, found as jaclang finds it: the nearest folder above `source` holding `_precompiled/`."""
+    source = os.path.normpath(os.path.abspath(source))
+    folder = os.path.dirname(source)
+    while True:
+        bundle = os.path.join(folder, "_precompiled")
+        if os.path.isdir(bundle):
+            relative = os.path.splitext(source[len(folder) + 1:])[0] + ".jir"
+            return Path(bundle, f"cpython-{sys.version_info.major}{sys.version_info.minor}", relative)
+        parent = os.path.dirname(folder)
+        if parent == folder:
+            return None
+        folder = parent
 
-    path = get_module_cache_path(source)
-    if not path.is_file():
+
+def _interop_of(path: Path | None, source: str) -> dict[str, Any] | None:
+    """The interop section of the JIR file `path` if it matches `source` (jaclang's key check)."""
+    from jaclang.jac0core.jir import HEADER_SIZE, SEC_INTEROP, SECTIONS_MAGIC, jir_matches_source, read_sections
+
+    if path is None or not path.is_file():
         return None
     data = path.read_bytes()
     if not jir_matches_source(data, source):
@@ -54,6 +70,17 @@ def _interop(source: str) -> dict[str, Any] | None:
         return None
     section = read_sections(data, start + len(SECTIONS_MAGIC)).get(SEC_INTEROP)
     return json.loads(section.decode("utf-8")) if section is not None else None
+
+
+def _interop(source: str) -> dict[str, Any] | None:
+    """The interop section for `source`: from its module cache file (written by a compile), else
+    from the precompiled bundle's file (the module cache then holds jaclang's copy of the bundle's
+    bytecode, without the section; setup.py adds the section to the bundle); None if neither
+    matches `source` or carries one."""
+    from jaclang.jac0core.jir import get_module_cache_path
+
+    found = _interop_of(get_module_cache_path(source), source)
+    return found if found is not None else _interop_of(_bundle_file(source), source)
 
 
 def _sources(module: Any) -> list[str]:
@@ -91,7 +118,7 @@ def cached_tables(module: Any) -> dict[str, dict] | None:
     for source in sources:
         interop = _interop(source)
         if interop is None:
-            return _refuse(f"no cache file matching {source}")
+            return _refuse(f"no cache or bundle file with a table matching {source}")
         if interop.get("bindings"):
             return _refuse(f"{source} has client/server bindings")
         if not (interop.get("walker_access") or interop.get("func_access")) and source != sources[0]:

@@ -3,6 +3,7 @@
 
     .venv/bin/python benchmarks/start_bench.py --rounds 3
     .venv/bin/python benchmarks/start_bench.py --rounds 3 --python ../before/.venv/bin/python --python .venv/bin/python
+    .venv/bin/python benchmarks/start_bench.py --rounds 3 --only serve --python <a venv holding the wheel>/bin/python
 
 Each measure runs in a new process; with several `--python` (environments with ContextRender
 installed, e.g. a checkout before and after a change) the measures and the environments alternate
@@ -98,6 +99,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--python", action="append", type=Path,
                         help="the python of an environment to measure (repeatable; default: this one)")
+    parser.add_argument("--only", action="append", choices=("import", "proxy", "serve"),
+                        help="measure only this (repeatable; default: all three), e.g. --only serve")
     args = parser.parse_args()
     # Not resolved: a venv's python is often a link to the base interpreter.
     pythons = [Path(os.path.abspath(p)) for p in (args.python or [Path(sys.executable)])]
@@ -109,6 +112,9 @@ def main() -> None:
             "contextrender proxy: first answer": proxy_first_answer(upstream),
             "contextrender serve: ready (warm)": serve_ready,
         }
+        if args.only:  # the measures' names, by their position: import, proxy, serve
+            keys = dict(zip(("import", "proxy", "serve"), measures))
+            measures = {keys[key]: measures[keys[key]] for key in dict.fromkeys(args.only)}
         stores = {index: str(Path(scratch) / f"store-{index}") for index in range(len(pythons))}
         for store in stores.values():
             os.makedirs(store)

@@ -57,3 +57,29 @@ def test_a_stale_or_missing_cache_falls_back(tmp_path, caplog):
     assert access_table.FALLBACK in caplog.text and str(source) in caplog.text
     Module.__file__ = str(tmp_path / "entry.py")
     assert access_table.cached_tables(Module) is None  # not a Jac module
+
+
+def test_a_wheel_bundle_file_gives_the_table_when_the_module_cache_has_none(tmp_path):
+    """A wheel's modules load from its `_precompiled/` bundle, whose files setup.py gives the
+    interop section; the table is read there, and only while the file matches its source."""
+    import json
+    import sys
+
+    from jaclang.jac0core.jir import (
+        HEADER_SIZE, SEC_INTEROP, SECTIONS_MAGIC, compute_module_key, read_sections, write_precompiled_jir, write_sections,
+    )
+
+    source = tmp_path / "package" / "walkers" / "hello.jac"
+    source.parent.mkdir(parents=True)
+    source.write_text('walker :pub hello { can go with Root entry { report 1; } }\n')
+    bundle = tmp_path / "package" / "_precompiled" / f"cpython-{sys.version_info.major}{sys.version_info.minor}" / "walkers" / "hello.jir"
+    bundle.parent.mkdir(parents=True)
+    table = {"walker_access": {"hello": False}, "func_access": {}, "endpoint_effects": {}}
+    data = write_precompiled_jir(b"", compute_module_key(str(source)), 0)
+    start = data.find(SECTIONS_MAGIC, HEADER_SIZE)
+    sections = read_sections(data, start + len(SECTIONS_MAGIC)) | {SEC_INTEROP: json.dumps(table).encode()}
+    bundle.write_bytes(data[:start] + write_sections(sections))
+    assert access_table._bundle_file(str(source)) == bundle
+    assert access_table._interop(str(source)) == table
+    source.write_text('walker hello { can go with Root entry { report 2; } }\n')  # the bundle is now stale
+    assert access_table._interop(str(source)) is None

@@ -2,7 +2,8 @@
 installed (not editable) into a new virtual environment, and used from an empty folder, where
 nothing of the checkout is on the path.
 
-Slow (a build with the Jac modules precompiled, and an install from pip's cache): about 2-4 min.
+Slow (a build with the Jac modules precompiled, an install from pip's cache, a server start): about
+5-8 min.
 """
 
 from __future__ import annotations
@@ -13,10 +14,15 @@ import subprocess
 import sys
 import tarfile
 import textwrap
+import time
 import zipfile
 from pathlib import Path
 
+import httpx
 import pytest
+
+from contextrender_adapters.access_table import FALLBACK
+from contextrender_adapters.loopback import free_port
 
 REPO = Path(__file__).resolve().parent.parent
 # The Jac modules of the checkout (not jaclang's .jac/ cache folders, which rglob also matches).
@@ -58,6 +64,13 @@ def test_the_wheel_carries_the_jac_engine_and_its_compiled_form(dist):
     compiled = {n for n in names if n.startswith("contextrender_adapters/_precompiled/cpython-312/jac/") and n.endswith(".jir")}
     modules = [s for s in JAC_SOURCES if ".impl." not in s] + ["contextrender_server.jac"]
     assert len(compiled) == len(modules), sorted(compiled)
+    # Each bundle file carries its module's access table (setup.py), which `serve` reads.
+    from jaclang.jac0core.jir import HEADER_SIZE, SEC_INTEROP, SECTIONS_MAGIC, read_sections
+
+    for name in compiled:
+        data = zipfile.ZipFile(wheel).read(name)
+        section = read_sections(data, data.find(SECTIONS_MAGIC, HEADER_SIZE) + len(SECTIONS_MAGIC)).get(SEC_INTEROP)
+        assert section is not None and "walker_access" in json.loads(section), name
     assert not [n for n in names if "/.jac/" in n], "a build's module cache went into the wheel"
     metadata = zipfile.ZipFile(wheel).read(next(n for n in names if n.endswith(".dist-info/METADATA"))).decode()
     assert "License-Expression: MIT" in metadata
@@ -96,3 +109,39 @@ def test_an_installed_wheel_renders_and_runs_its_commands_from_an_empty_folder(v
     assert (folder / "store" / ".jac" / "data").is_dir()
     helped = _run([str(venv / "bin" / "contextrender"), "--help"], cwd=folder, env=env).stdout
     assert all(command in helped for command in ("proxy", "serve", "replay", "sweep"))
+
+
+SERVE_TIMEOUT = 180.0  # a start here takes seconds; the compile it must not fall back to, 20-60 s
+
+
+def test_an_installed_wheel_serves_without_compiling_its_modules(venv, tmp_path):
+    """`contextrender serve` from the wheel reads the walkers' access levels from the wheel's
+    precompiled bundle (setup.py adds them there), not from a compile of every module."""
+    folder = tmp_path / "empty"
+    folder.mkdir()
+    env = {k: v for (k, v) in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV", "CONTEXTRENDER_ACCESS_FROM_CACHE")}
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    log = tmp_path / "serve.log"
+    with open(log, "wb") as out:
+        process = subprocess.Popen([str(venv / "bin" / "contextrender"), "serve", "--port", str(port), "--store", "store"],
+                                   cwd=folder, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + SERVE_TIMEOUT
+        ready = False
+        while not ready and time.monotonic() < deadline and process.poll() is None:
+            try:
+                ready = httpx.post(f"{url}/walker/health", json={}, timeout=5).status_code == 200
+            except httpx.HTTPError:
+                time.sleep(0.3)
+        assert ready, f"not ready after {SERVE_TIMEOUT} s (exit {process.poll()}):\n{log.read_text()[-3000:]}"
+        # The access levels are the served ones: health is public, the other walkers need a login.
+        assert httpx.post(f"{url}/walker/list_sessions", json={}, timeout=30).status_code == 401
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+    assert FALLBACK not in log.read_text(), log.read_text()[-3000:]
