@@ -5,10 +5,12 @@ plugin at all; scripts/setup.sh installs it with apt where it can)."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -35,3 +37,11 @@ def installed(folder: str, marker: str) -> Path:
                               capture_output=True, text=True, timeout=600)
         assert done.returncode == 0, f"npm ci in {package} failed:\n{done.stderr[-3000:]}"
     return package
+
+
+def run_module(script: str, payload: Any, cwd: Path | None = None) -> Any:
+    """Run `script` as an ES module under Node with `payload` as JSON on stdin; what it prints, parsed."""
+    done = subprocess.run(["node", "--input-type=module", "-e", script], input=json.dumps(payload),
+                          capture_output=True, text=True, timeout=30, cwd=cwd)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout)

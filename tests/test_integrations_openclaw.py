@@ -18,7 +18,7 @@ from contextrender_adapters.client import Client
 from contextrender_adapters.fakeupstream import free_port
 from engine.measure import get_tokenizer
 from engine.notices import restore_tool
-from tests.npm_package import require_node
+from tests.npm_package import require_node, run_module
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "integrations" / "openclaw"
@@ -149,10 +149,7 @@ def test_from_chat_keeps_the_fold_index_apart_from_openclaws_messages():
               " chat[1], chat[2], { role: 'user', content: heading + '\\nread results: r1' }, ...chat.slice(3)];"
               "process.stdout.write(JSON.stringify(fromChat(messages, rendered)))")
     for heading in (FOLD_INDEX_HEADING, FOLD_INDEX_STORED_HEADING):
-        done = subprocess.run(["node", "--input-type=module", "-e", script], input=json.dumps({"messages": messages, "heading": heading}),
-                              capture_output=True, text=True, timeout=30)
-        assert done.returncode == 0, done.stderr[-2000:]
-        out = json.loads(done.stdout)
+        out = run_module(script, {"messages": messages, "heading": heading})
         assert [m["role"] for m in out] == ["user", "assistant", "toolResult", "user", "assistant", "toolResult", "user", "assistant", "toolResult"]
         assert out[3]["content"].startswith(heading)
         assert out[6:] == messages[5:]  # the user's question, the restore call and its result, as they were

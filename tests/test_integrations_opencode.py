@@ -18,7 +18,7 @@ from contextrender_adapters.client import Client
 from contextrender_adapters.fakeupstream import free_port
 from engine.measure import get_tokenizer
 from engine.notices import restore_tool
-from tests.npm_package import installed
+from tests.npm_package import installed, run_module
 from tests.test_proxy import BUDGET, history
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -182,10 +182,7 @@ def test_apply_render_keeps_the_fold_index_apart_from_opencodes_messages(package
               " ...chat.slice(2, 5), { role: 'user', content: heading + '\\nread results: r1' }, ...chat.slice(5)];"
               "process.stdout.write(JSON.stringify(ContextRender.applyRender(messages, rendered)))")
     for heading in (FOLD_INDEX_HEADING, FOLD_INDEX_STORED_HEADING):
-        done = subprocess.run(["node", "--input-type=module", "-e", script], input=json.dumps({"messages": messages, "heading": heading}),
-                              capture_output=True, text=True, timeout=30, cwd=PLUGIN.parent)
-        assert done.returncode == 0, done.stderr[-2000:]
-        out = json.loads(done.stdout)
+        out = run_module(script, {"messages": messages, "heading": heading}, cwd=PLUGIN.parent)
         synthetic = [m for m in out if any(p.get("synthetic") for p in m["parts"])]
         assert [m["parts"][0]["text"][:len(heading)] for m in synthetic[1:]] == [heading]
         assert len({m["info"]["id"] for m in out}) == len(out)  # the two notices have their own ids
