@@ -23,6 +23,7 @@ from typing import Any
 
 import httpx
 
+from contextrender_adapters import core
 from contextrender_adapters.core import ContextRenderError, HistoryConflict, InvalidRequest, UnknownResult, UnknownSession
 from contextrender_adapters.endpoints import ENDPOINTS, EndpointMethods
 
@@ -146,32 +147,29 @@ def _built(cls: type, report: dict) -> Any:
     return cls(**{name: value for (name, value) in report.items() if name in names})
 
 
-def _restoration(report: dict) -> Any:
-    """A restore as the Engine returns it: the engine's Restoration."""
-    from contextrender_adapters.core import Restoration
-
-    return _built(Restoration, report)
+def _typed(name: str) -> Callable[[dict], Any]:
+    """How to read a report that the Engine returns as the engine type `name` (adapters/core.py)."""
+    return lambda report: _built(getattr(core, name), report)
 
 
 def _render_result(report: dict) -> Any:
     """A render as the Engine returns it: the engine's RenderResult, its decisions ResultDecisions."""
-    from contextrender_adapters.core import RenderResult, ResultDecision
-
-    result = _built(RenderResult, {**report, "decisions": []})
-    result.decisions = [_built(ResultDecision, d) for d in report.get("decisions") or []]
+    result = _built(core.RenderResult, {**report, "decisions": []})
+    result.decisions = [_built(core.ResultDecision, d) for d in report.get("decisions") or []]
     return result
 
 
 def _reading(walker: str) -> Callable[[Any], Any]:
-    """How to read an endpoint's report: renders become the engine's RenderResult and restores its
-    Restoration (the types `Engine` returns); other values stay as sent."""
+    """How to read an endpoint's report: as the type `Engine` returns (a RenderResult, a list of
+    them, a Restoration, an IngestSummary, a RenderConfig); other values stay as sent."""
     returns = ENDPOINTS[walker].returns
     if returns == "render":
         return _render_result
-    if returns == "restoration":
-        return _restoration
     if returns == "renders":
         return lambda reports: [_render_result(r) for r in reports or []]
+    types = {"restoration": "Restoration", "ingest": "IngestSummary", "config": "RenderConfig"}
+    if returns in types:
+        return _typed(types[returns])
     return lambda report: report
 
 

@@ -36,9 +36,10 @@ class Endpoint:
     # when the argument is left out or given as None.
     call: str
     doc: str
-    # What the report is: a render (a RenderResult, which a client rebuilds from the report), a list of
-    # renders, or a plain value.
-    returns: Literal["render", "renders", "restoration", "value"] = "value"
+    # What the report is, as the Engine returns it (a client rebuilds it from the report): a render
+    # (a RenderResult with its ResultDecisions), a list of renders, a Restoration, an IngestSummary,
+    # the session's RenderConfig, or a plain value.
+    returns: Literal["render", "renders", "restoration", "ingest", "config", "value"] = "value"
     # Parameter -> the walker field it fills, where the two names differ.
     renamed: dict[str, str] = field(default_factory=dict)
 
@@ -81,7 +82,7 @@ ENDPOINTS: dict[str, Endpoint] = {
         them after the first `at` events of the live chain (an answer to a resent earlier turn),
         compared with what is stored there as a whole list would be. `usage`: one model call's
         reported token counts (walkers.ingest USAGE_KEYS), added to the session's totals.
-        Reports an IngestSummary."""),
+        Reports an IngestSummary.""", "ingest"),
         Endpoint("walkers.render", "render_context", "render",
                  "session_id: str, messages: list[dict] = [], *, budget: int, selector: str = '', "
                  "explain: bool = False, **params",
@@ -106,7 +107,7 @@ ENDPOINTS: dict[str, Endpoint] = {
         arguments, preview, score) and `text`, the answer the restore tool gives a model. Writes
         nothing; a query without a word of two characters is an InvalidRequest."""),
         Endpoint("walkers.render", "configure_session", "configure", "session_id: str, **params",
-                 """Set a session's render settings (kept in the graph); reports the RenderConfig."""),
+                 """Set a session's render settings (kept in the graph); reports the RenderConfig.""", "config"),
         Endpoint("walkers.sessions", "get_session", "get_session",
                  "session_id: str, *, include_messages: bool = False",
                  """A session's counts, tokens, settings and last render (and its messages if asked)."""),

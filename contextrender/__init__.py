@@ -27,6 +27,7 @@ _EXPORTS = {
     "RenderResult": "core",
     "ResultDecision": "core",
     "Restoration": "core",
+    "IngestSummary": "core",
     "RenderConfig": "core",
     "ContextRenderError": "core",
     "InvalidRequest": "core",

@@ -15,7 +15,7 @@ import pytest
 from jaclang.runtimelib.server import ModuleIntrospector
 
 from contextrender_adapters import AsyncClient, Client, Engine, InvalidRequest, Restoration, core
-from contextrender_adapters.core import RenderResult
+from contextrender_adapters.core import IngestSummary, RenderConfig, RenderResult
 from contextrender_adapters.endpoints import ENDPOINTS
 from tests.conftest import assistant, call, tool, user
 
@@ -161,8 +161,9 @@ def fake_server(sent: list) -> httpx.MockTransport:
         render = {"messages": [user("hi")], "budget": 1000, "history_tokens": 5}
         restoration = {"session_id": "s", "handle": "r1", "call_id": "c1", "tool_name": "lookup", "position": 2,
                        "tokens": 7, "message": tool("c1", "ORD-1"), "restores": 1, "recorded": True}
-        report = {"render": render, "renders": [render, render], "restoration": restoration,
-                  "value": {"walker": walker}}[ENDPOINTS[walker].returns]
+        ingest = {"session_id": "s", "events": 4, "added": 4, "results": 1, "reuse_links": 1}
+        report = {"render": render, "renders": [render, render], "restoration": restoration, "ingest": ingest,
+                  "config": {"selector": "prune"}, "value": {"walker": walker}}[ENDPOINTS[walker].returns]
         return httpx.Response(200, json={"ok": True, "data": {"reports": [report]}})
 
     return httpx.MockTransport(answer)
@@ -179,6 +180,10 @@ def check_client_calls(sent: list, outcomes: list) -> None:
         elif endpoint.returns == "restoration":
             # The same type Engine.restore returns, read from the report's fields.
             assert isinstance(outcome, Restoration) and (outcome.handle, outcome.message["content"]) == ("r1", "ORD-1")
+        elif endpoint.returns == "ingest":
+            assert isinstance(outcome, IngestSummary) and (outcome.added, outcome.forked_at) == (4, -1)
+        elif endpoint.returns == "config":
+            assert isinstance(outcome, RenderConfig) and outcome.selector == "prune"
         else:
             assert outcome == {"walker": walker}
 
@@ -214,6 +219,31 @@ def test_every_engine_method_runs_in_process(engine):
     assert outcomes["health"]["status"] == "ok"
     assert outcomes["delete_session"]["deleted"] > 0
     assert engine.list_sessions() == []
+
+
+def test_the_client_returns_what_the_engine_returns(engine):
+    """Every method's value from a Client, given the report of the Engine's value (as jac-scale
+    sends it: the dataclass's fields with its `_jac_type`), is the Engine's value: the same type,
+    the same fields."""
+
+    def reported(value):
+        if dataclasses.is_dataclass(value):
+            return {"_jac_type": type(value).__name__} | {f.name: reported(getattr(value, f.name)) for f in dataclasses.fields(value)}
+        if isinstance(value, list):
+            return [reported(v) for v in value]
+        return value
+
+    returned = {e.walker: outcome for (e, outcome) in call_every_method(engine)}
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        report = reported(returned[request.url.path.removeprefix("/walker/")])
+        return httpx.Response(200, json={"ok": True, "data": {"reports": [json.loads(json.dumps(report))]}})
+
+    with Client("http://cr.test", token="t", transport=httpx.MockTransport(answer)) as client:
+        for endpoint, outcome in call_every_method(client):
+            expected = returned[endpoint.walker]
+            assert type(outcome) is type(expected), endpoint.method
+            assert reported(outcome) == reported(expected), endpoint.method  # (Jac objects compare by identity)
 
 
 def test_a_variant_that_is_not_an_object_is_refused(engine):

@@ -395,7 +395,7 @@ def test_kill_9_of_one_process_mid_write_loses_nothing_acknowledged(cluster):
     assert all(history.count(m) == 1 for m in history)
     assert not [code for code in answers if code not in ("200", "no answer")], answers
     # Not stuck: a new event and a render on the surviving process.
-    assert a.ingest("killed", [user("after the kill")], append=True)["added"] == 1
+    assert a.ingest("killed", [user("after the kill")], append=True).added == 1
     assert stored(a, "killed")[-1] == user("after the kill")
     assert a.render("killed", budget=200).history_tokens <= 200
     print(f"\nkill -9: {len(acknowledged)} acknowledged ({killed_at} before the kill), answers {answers}, "

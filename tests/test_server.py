@@ -16,7 +16,7 @@ from conftest import assistant, call, tool, user
 from contextrender_adapters.checks import pairing_problems
 from contextrender_adapters.client import AsyncClient, Client
 from contextrender_adapters import ContextRenderError, HistoryConflict, InvalidRequest, UnknownSession
-from contextrender_adapters.core import RenderResult, ResultDecision
+from contextrender_adapters.core import IngestSummary, RenderResult, ResultDecision
 from jacserver import JAC, REPO, JacServer
 from engine.measure import get_tokenizer
 
@@ -71,8 +71,10 @@ def test_render_fits_the_budget_and_keeps_pairing(alice):
 def test_session_endpoints(alice):
     messages = conversation(4)
     summary = alice.ingest("s-endpoints", messages)
-    assert summary["added"] == len(messages) - 1  # the system prompt is kept on the session
-    assert alice.ingest("s-endpoints", messages)["added"] == 0  # idempotent
+    # The type Engine.ingest returns, rebuilt from the server's report.
+    assert type(summary) is IngestSummary and summary.session_id == "s-endpoints"
+    assert summary.added == len(messages) - 1  # the system prompt is kept on the session
+    assert alice.ingest("s-endpoints", messages).added == 0  # idempotent
     variants = alice.render_variants("s-endpoints", [{"budget": 300}, {"budget": 300, "selector": "prune"}], explain=True)
     assert [(type(v), v.selector) for v in variants] == [(RenderResult, "contextrender"), (RenderResult, "prune")]
     assert all(v.history_tokens <= 300 and v.decisions for v in variants)
@@ -80,7 +82,7 @@ def test_session_endpoints(alice):
     assert session["events"] == len(messages) - 1 and session["tool_results"] == 5
     assert session["messages"] == messages
     assert "s-endpoints" in [s["session_id"] for s in alice.list_sessions()]
-    assert alice.configure("s-endpoints", omitted="drop")["omitted"] == "drop"
+    assert alice.configure("s-endpoints", omitted="drop").omitted == "drop"  # a RenderConfig, as from Engine
     graph = alice.export_graph("s-endpoints")
     first = alice.export_graph("s-endpoints", limit=3)
     assert [n["kind"] for n in first["nodes"]] == ["Session", "Message", "Message"]
