@@ -145,3 +145,23 @@ def test_the_cache_size_setting_must_be_a_positive_number(monkeypatch):
         monkeypatch.setenv("CONTEXTRENDER_INDEX_CACHE_MB", bad)
         with pytest.raises(SystemExit, match="CONTEXTRENDER_INDEX_CACHE_MB must be a positive number"):
             cache_bytes_setting()
+
+
+def test_two_engines_on_copies_of_one_store_keep_apart(tmp_path, empty_cache):
+    """A copied store holds the same node ids: each engine's index is its own store's (the
+    process-wide cache is keyed by the store as well as the session node)."""
+    import shutil
+
+    from contextrender_adapters import Engine
+
+    conversation = [user("find the order"), assistant(None, call("c1", "lookup", {"q": "order"})), tool("c1", "ORDER_0001 shipped")]
+    original = Engine(tmp_path / "original")
+    original.ingest("s", conversation)
+    original.close()
+    shutil.copytree(tmp_path / "original", tmp_path / "copy")
+    a, b = Engine(tmp_path / "original"), Engine(tmp_path / "copy")
+    a.ingest("s", [assistant("Order ORDER_0001 has shipped.")], append=True)
+    b.ingest("s", [assistant("Which order do you mean?")], append=True)
+    assert a.render("s", budget=500).messages[-1]["content"] == "Order ORDER_0001 has shipped."
+    assert b.render("s", budget=500).messages[-1]["content"] == "Which order do you mean?"
+    assert b.get_session("s", include_messages=True)["messages"][-1]["content"] == "Which order do you mean?"
