@@ -117,6 +117,48 @@ def test_every_model_call_is_within_b_commit_turn_is_idempotent_and_a_restore_re
         assert "no stored result" in unknown["result"]["content"][0]["text"]
 
 
+def test_the_tool_loop_assembling_from_the_view_keeps_the_handles_it_showed(jac_server):
+    """OpenClaw 2026.9.6 starts a run with an assemble of the transcript, puts the view it got in
+    the agent's messages, and assembles again from that view (with the run's new messages) before
+    every model call. The handles of the view's stubs stay on the server's live chain: the session
+    does not fork, and a restore returns the original."""
+    messages = transcript(6)
+    key = "agent:main:loop-9"
+    with Client(jac_server.url) as client:
+        client.register("openclaw-loop-user", "secret-password-4")
+        more = transcript(7)[len(messages):]
+        ops = [{"op": "assemble", "sessionKey": key, "messages": messages, "tokenBudget": 200000},
+               {"op": "assemble", "sessionKey": key, "afterView": True, "tokenBudget": 200000},
+               {"op": "assemble", "sessionKey": key, "afterView": True, "messages": more, "tokenBudget": 200000}]
+        out = host(ops, jac_server.url, client.token)
+        first, again, grown = out["results"]
+        assert again["sent"] == first["chat"]  # the view, as OpenClaw gives it back
+        handles = shown(again["chat"])
+        assert handles and handles == shown(first["chat"])
+        # The server holds the transcript and the run's new messages once, on one branch.
+        session = client.get_session(f"openclaw-{key}")
+        assert session["branch"] == 0 and session["events"] == len(messages + more), session
+        assert out["warnings"] == []
+        assert shown(grown["chat"])[:len(handles)] == handles
+        restored = host([{"op": "restore", "sessionKey": key, "handle": h} for h in handles], jac_server.url, client.token)
+        texts = [r["result"]["content"][0]["text"] for r in restored["results"]]
+        assert all(text in [body(i) for i in range(6)] for text in texts) and len(set(texts)) == len(handles)
+
+
+def shown(chat: list[dict]) -> list[str]:
+    """The handles a render shows: in its stubs, and in its fold index ("read results: r1 r2")."""
+    text = " ".join(str(m.get("content")) for m in chat)
+    return HANDLE.findall(text) + [h for line in re.findall(r"read results: ([rp0-9 ]+)", text) for h in line.split()]
+
+
+def test_the_plugins_node_unit_tests_pass():
+    """integrations/openclaw/test/assemble.test.mjs (node:test): what assemble sends when OpenClaw
+    gives it its own last view back, against a stub server."""
+    done = subprocess.run(["node", "--test", str(PACKAGE / "test" / "assemble.test.mjs")], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    assert "# fail 0" in done.stdout
+
+
 def test_contextrender_down_assemble_returns_openclaws_messages_and_says_why():
     messages = transcript(3)
     url = f"http://127.0.0.1:{free_port()}"

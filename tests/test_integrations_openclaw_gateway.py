@@ -2,10 +2,12 @@
 `openclaw plugins install --link integrations/openclaw`, the plugin made the context engine, then
 three `openclaw agent --local` turns (two read a file with OpenClaw's own `read` tool) against the
 fake model on loopback, with a real ContextRender server. OpenClaw calls our `assemble` with the
-history before each turn; the last model call must show at most B tokens of it, with valid pairing
-and stubs for what was left out, with the oldest turn folded under ContextRender's marker and the results cut to stubs, and the
-server must hold the session under OpenClaw's key. A fourth turn's model calls the restore tool (OpenClaw's tool search is
-turned off, so plugin tools are offered directly): that fails today (xfail, docs/integrations.md)."""
+history before each turn, and again from the view it returned before each model call; the last
+model call must show at most B tokens of it, with valid pairing and the results cut to stubs, and
+the server must hold the session under OpenClaw's key. OpenClaw's tool search stays at its default:
+the restore tool is offered beside it (catalogMode "direct-only"). A fourth turn's model calls the
+restore tool with a handle the stubs name: the handles are those of the turn before, the session
+never forked, and the file comes back exactly."""
 
 from __future__ import annotations
 
@@ -49,13 +51,17 @@ def history(chat: list[dict], prompt: str) -> list[dict]:
     return [m for m in chat[:start] if m["role"] not in ("system", "developer")]
 
 
+def stubs(chat: list[dict]) -> dict[str, list[str]]:
+    """The handles each tool result's stub names, by call id."""
+    return {m["tool_call_id"]: HANDLE.findall(str(m["content"])) for m in chat if m["role"] == "tool"}
+
+
 def configure(state: Path, upstream: str, server: str, token: str, workspace: Path) -> None:
     config = json.loads((state / "openclaw.json").read_text()) if (state / "openclaw.json").exists() else {}
     config["models"] = {"mode": "merge", "providers": {"fake": {
         "baseUrl": upstream, "apiKey": "sk-fake", "api": "openai-completions",
         "models": [{"id": "fake-model", "name": "Fake model", "reasoning": False, "input": ["text"],
                     "contextWindow": 200000, "maxTokens": 4096}]}}}
-    config["tools"] = {"toolSearch": {"enabled": False}}  # every tool offered to the model, ours too
     config["agents"] = {"defaults": {"model": {"primary": "fake/fake-model"}, "workspace": str(workspace)}}
     plugins = config.setdefault("plugins", {})
     plugins["slots"] = {"contextEngine": "contextrender"}
@@ -111,22 +117,35 @@ def test_the_real_openclaw_renders_through_the_plugin_within_b(gateway):
     assert past, "OpenClaw sent no history before the third turn"
     assert TOK.history_tokens(past) <= BUDGET
     assert pairing_problems(last) == []
-    # Without the engine the history holds both files, well over B: the oldest turn is folded under
-    # ContextRender's marker, the file results are cut to stubs that name their handles.
+    # Without the engine the history holds both files, well over B: the file results are cut to
+    # stubs that name their handles.
     assert TOK.history_tokens([{"role": "tool", "tool_call_id": "x", "content": notes(1) + notes(2)}]) > 2 * BUDGET
-    assert f"left out to fit the {BUDGET}-token history budget" in json.dumps(past)
-    first = next(m for m in past if m["role"] == "tool" and m["tool_call_id"].endswith("1"))
-    assert HANDLE.findall(str(first["content"])), f"the first file's result should be a stub that names its handle: {first}"
-    assert "contextrender_restore" in [t["function"]["name"] for t in gateway.upstream.requests[-1].json["tools"]]
+    shown = stubs(past)
+    assert sorted(shown) == ["callread1", "callread2"] and all(shown.values()), f"both results should be stubs: {past}"
+    # OpenClaw's tool search is on (its default): the restore tool is offered beside it, not hidden
+    # in its catalog (catalogMode "direct-only").
+    offered = [t["function"]["name"] for t in gateway.upstream.requests[-1].json["tools"]]
+    assert "contextrender_restore" in offered and "tool_search" in offered, offered
     # The server holds the conversation under OpenClaw's session key, at least what it rendered.
     assert gateway.client.get_session(f"openclaw-{KEY}")["events"] >= len([m for m in past if m["role"] != "user"])
 
 
-@pytest.mark.xfail(strict=True, reason="the restore tool answers UNKNOWN_RESULT for a handle the same turn's render named "
-                                       "(handles change at every turn under OpenClaw: docs/integrations.md)")
 def test_a_restore_through_the_real_openclaw_returns_the_file(gateway):
+    """OpenClaw assembles again from the view the plugin returned before every model call of a run
+    (integrations/openclaw/test/assemble.test.mjs): the handles must stay those of the stored
+    results, from one call and one turn to the next, and a restore must return the file."""
+    before = len(gateway.upstream.requests)
     gateway.upstream.enqueue_restore()  # the first handle the request names, as a model reading its stubs
     gateway.upstream.enqueue(content="Done with turn 4.")
     gateway.run("agent", "--local", "--session-key", KEY, "--message", PROMPTS[3], "--json")
-    answered = [m for m in gateway.upstream.requests[-1].json["messages"] if m["role"] == "tool"][-1]
-    assert notes(1) in str(answered["content"])
+    asked, answered = [r.json["messages"] for r in gateway.upstream.requests[before:]]
+    shown = stubs(history(asked, PROMPTS[3]))
+    assert shown["callread1"], f"the first file should be a stub in turn four: {shown}"
+    assert shown == stubs(history(gateway.chats[-1], PROMPTS[2])), "the handles changed between turns"
+    call = next(m for m in answered if m.get("tool_calls") and m["tool_calls"][0]["function"]["name"] == "contextrender_restore")
+    assert json.loads(call["tool_calls"][0]["function"]["arguments"]) == {"handle": shown["callread1"][0]}
+    restored = next(m for m in answered if m["role"] == "tool" and m["tool_call_id"] == call["tool_calls"][0]["id"])
+    assert restored["content"] == notes(1)
+    # The session never forked: every render ingested only what the server had not seen.
+    session = gateway.client.get_session(f"openclaw-{KEY}")
+    assert session["branch"] == 0, session

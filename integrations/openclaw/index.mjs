@@ -7,6 +7,8 @@
 //   chat-completions list, the server renders it within B, and the render comes back as OpenClaw's
 //   own message objects (unchanged ones as they were; an omitted result carries the stub; the fold
 //   marker is a user message). B is the plugin's `budget`, else OpenClaw's tokenBudget for the call.
+//   OpenClaw gives assemble its last view back before each model call of a run: `unview` sends
+//   the messages that view was rendered from instead, so the server's history only grows.
 // - The transcript contract (currentTurnFence + atomic idempotent commitTurn) is declared, so
 //   OpenClaw does not bypass the engine. commitTurn writes nothing: the transcript OpenClaw keeps is
 //   the source, and the next assemble's render ingests what the server has not seen (ingestion skips
@@ -16,6 +18,8 @@
 // - Fail open: every lifecycle method catches its errors (a throwing engine is quarantined):
 //   assemble then returns OpenClaw's messages unchanged, the restore tool a sentence; both log a
 //   warning.
+//
+// The restore tool is "direct-only": offered beside OpenClaw's tool search, not behind it.
 //
 // Sessions are named by OpenClaw's own session key (stable across transcript rotation), else its
 // session id: `openclaw-<key>`.
@@ -157,6 +161,28 @@ function settings(pluginConfig) {
 
 export const sessionName = (key, id) => `openclaw-${key || id}`
 
+/** What one assemble answered: the chat entries of the messages it returned (`view`), and the
+ *  OpenClaw messages they were rendered from (`source`). */
+export const viewOf = (source, returned) => ({ view: toChat(returned).map((e) => JSON.stringify(e)), source })
+
+/** The history to render for `messages`. OpenClaw (2026.9.6) gives an engine that owns compaction
+ *  its own last answer back: the run's first assemble replaces the agent's messages with the view
+ *  it returned, and the tool loop assembles again from them before every model call. Sent as they
+ *  are, the stubs and the fold marker would be a rewritten history (a fork: every result stored
+ *  again under a new handle, the handles the model was shown off the live chain). So a leading run
+ *  of `messages` equal, as chat entries, to the last view is replaced by the messages that view was
+ *  rendered from; anything else (the transcript at a run's start) is sent as it is. */
+export function unview(messages, last) {
+  if (!last || last.view.length === 0) return messages
+  let seen = 0
+  for (let k = 0; k < messages.length; k++) {
+    for (const entry of toChat([messages[k]])) if (seen >= last.view.length || JSON.stringify(entry) !== last.view[seen++]) return messages
+    if (seen === last.view.length) return [...last.source, ...messages.slice(k + 1)]
+  }
+  return messages
+}
+const VIEWS_KEPT = 256 // sessions whose last view this process remembers
+
 /** The context engine and the restore tool, bound to one server. */
 export function createContextRender(pluginConfig, log = console) {
   const s = settings(pluginConfig)
@@ -175,6 +201,12 @@ export function createContextRender(pluginConfig, log = console) {
     return report(body)
   }
   const committed = new Map() // session -> advancement keys seen by this process
+  const views = new Map() // session -> the last assemble's viewOf
+  const remember = (session, view) => {
+    views.delete(session)
+    views.set(session, view)
+    if (views.size > VIEWS_KEPT) views.delete(views.keys().next().value)
+  }
 
   const engine = {
     info: {
@@ -192,18 +224,27 @@ export function createContextRender(pluginConfig, log = console) {
       // Stored at the next assemble (the render ingests what the server has not seen).
       return { ingested: false }
     },
-    async assemble({ sessionId, sessionKey, messages, tokenBudget }) {
+    async assemble({ sessionId, sessionKey, messages: given, tokenBudget }) {
       const session = sessionName(sessionKey, sessionId)
       const budget = Math.min(s.budget ?? tokenBudget ?? 6000, tokenBudget ?? Infinity)
+      let messages = given
       try {
+        messages = unview(given, views.get(session))
         const chat = toChat(messages)
-        if (chat.length === 0) return { messages, estimatedTokens: 0 }
+        if (chat.length === 0) return { messages: given, estimatedTokens: 0 }
         const rendered = await post("render_context", { session_id: session, messages: chat, budget, selector: s.selector })
         if (!Array.isArray(rendered?.messages)) throw new Error("ContextRender: no rendered messages in the server's answer")
-        return { messages: fromChat(messages, rendered.messages), estimatedTokens: rendered.history_tokens ?? 0 }
+        const out = fromChat(messages, rendered.messages)
+        remember(session, viewOf(messages, out))
+        return { messages: out, estimatedTokens: rendered.history_tokens ?? 0 }
       } catch (error) {
+        try {
+          remember(session, viewOf(messages, given)) // the next call, given this, sends `messages`
+        } catch {
+          views.delete(session)
+        }
         log.warn(`contextrender: history sent unchanged for ${session} (${error?.message ?? error})`)
-        return { messages, estimatedTokens: 0, promptAuthority: "preassembly_may_overflow" }
+        return { messages: given, estimatedTokens: 0, promptAuthority: "preassembly_may_overflow" }
       }
     },
     async commitTurn({ advancementKey, sessionId, sessionKey }) {
@@ -241,6 +282,9 @@ export function createContextRender(pluginConfig, log = console) {
   const restoreTool = (ctx) => ({
     name: RESTORE_TOOL,
     label: "Restore an omitted result",
+    // Offered to the model beside OpenClaw's tool search, not in its catalog: the stubs name this
+    // tool, and a model that has to search for it first seldom calls it.
+    catalogMode: "direct-only",
     description: RESTORE_DESCRIPTION,
     parameters: {
       type: "object",

@@ -2,6 +2,8 @@
 // registers, then runs the operations read on stdin ({"ops": [...]}) in order, printing their
 // results as JSON: {"op": "assemble", sessionId, sessionKey, messages, tokenBudget},
 // {"op": "commitTurn", ...}, {"op": "compact", ...}, {"op": "restore", sessionKey, sessionId, handle}.
+// An assemble with "afterView": true is given the messages the last assemble returned, then its
+// own `messages` (as OpenClaw's tool loop assembles again from the view the run started with).
 import { pathToFileURL } from "node:url"
 
 const [pluginPath] = process.argv.slice(2)
@@ -20,10 +22,13 @@ for await (const chunk of process.stdin) input += chunk
 const { ops } = JSON.parse(input)
 const engine = await registered.engines.contextrender({ config: {}, agentDir: process.cwd(), workspaceDir: process.cwd() })
 const results = []
+let view = []
 for (const op of ops) {
   if (op.op === "assemble") {
-    const out = await engine.assemble(op)
-    results.push({ ...out, chat: plugin.toChat(out.messages), sent: plugin.toChat(op.messages) })
+    const messages = op.afterView ? [...view, ...(op.messages ?? [])] : op.messages
+    const out = await engine.assemble({ ...op, messages })
+    view = out.messages
+    results.push({ ...out, chat: plugin.toChat(out.messages), sent: plugin.toChat(messages) })
   } else if (op.op === "commitTurn") results.push(await engine.commitTurn(op))
   else if (op.op === "compact") results.push(await engine.compact(op))
   else if (op.op === "restore") {

@@ -1,0 +1,83 @@
+// Node unit test (`node --test integrations/openclaw/test`): the engine's assemble as OpenClaw
+// 2026.9.6 calls it in one run. The first assemble gets the transcript; OpenClaw then puts the view
+// it returned in the agent's messages, and its tool loop assembles again from that view before
+// every model call. The server must be sent the transcript each time, never the view's stubs and
+// fold marker (a rewritten history: the server would fork and the handles shown would be lost).
+// The server is a stub `fetch` that records what it is sent and renders by fixed rules.
+import assert from "node:assert/strict"
+import { test } from "node:test"
+import { createContextRender } from "../index.mjs"
+
+const MARKER = "[ContextRender: the oldest messages of this conversation are left out.]"
+const stub = (id) => `[ContextRender: left out. call contextrender_restore with handle "r-${id}".]`
+
+function transcript(reads) {
+  const messages = [{ role: "user", content: "Read the files.", timestamp: 1 }]
+  for (let i = 0; i < reads; i++) {
+    messages.push({ role: "assistant", stopReason: "toolUse", timestamp: 2 + 2 * i,
+      content: [{ type: "toolCall", id: `call_${i}`, name: "read", arguments: { path: `f${i}` } }] })
+    messages.push({ role: "toolResult", toolCallId: `call_${i}`, toolName: "read", isError: false,
+      content: [{ type: "text", text: `contents of f${i} `.repeat(50) }], timestamp: 3 + 2 * i })
+  }
+  return messages
+}
+
+/** A server that folds the first user message and cuts every tool result to a stub. */
+function server({ down = false } = {}) {
+  const sent = []
+  globalThis.fetch = async (url, init) => {
+    if (down) throw new TypeError("fetch failed")
+    const body = JSON.parse(init.body)
+    sent.push(body.messages)
+    const messages = body.messages.map((m, k) =>
+      k === 0 && m.role === "user" ? { role: "user", content: MARKER }
+      : m.role === "tool" && !m.content.startsWith("[ContextRender") ? { ...m, content: stub(m.tool_call_id) } : m)
+    return new Response(JSON.stringify({ ok: true, data: { reports: [{ messages, history_tokens: 42 }] } }), { status: 200 })
+  }
+  return sent
+}
+
+const quiet = { warn() {} }
+const call = (engine, messages) => engine.assemble({ sessionId: "s-1", sessionKey: "agent:main:t", messages, tokenBudget: 100000 })
+
+test("the tool loop's assemble of the last view sends the transcript again, not the view", async () => {
+  const sent = server()
+  const { engine } = createContextRender({ url: "http://127.0.0.1:9" }, quiet)
+  const messages = transcript(2)
+  const first = await call(engine, messages)
+  assert.equal(first.messages[0].content, MARKER)
+  assert.ok(first.messages.some((m) => m.role === "toolResult" && m.content[0].text === stub("call_0")))
+  await call(engine, first.messages) // before the next model call: the view, as OpenClaw holds it
+  assert.deepEqual(sent[1], sent[0])
+  // The view with the run's new messages after it: the transcript, then those messages.
+  const view = (await call(engine, first.messages)).messages
+  const more = transcript(3).slice(messages.length)
+  await call(engine, [...view, ...more])
+  assert.deepEqual(sent[3], [...sent[0], ...sent[3].slice(sent[0].length)])
+  assert.equal(sent[3].length, sent[0].length + more.length)
+  assert.ok(sent.every((chat) => !JSON.stringify(chat).includes("[ContextRender")))
+})
+
+test("a history that is not the last view is sent as it is", async () => {
+  const sent = server()
+  const { engine } = createContextRender({ url: "http://127.0.0.1:9" }, quiet)
+  await call(engine, transcript(2))
+  const edited = transcript(2)
+  edited[0] = { ...edited[0], content: "Read the files, then stop." }
+  await call(engine, edited)
+  assert.equal(sent[1][0].content, "Read the files, then stop.")
+  await call(engine, transcript(3)) // the next run's transcript: longer, its start unchanged
+  assert.equal(sent[2].length, 7)
+  assert.equal(sent[2][0].content, "Read the files.")
+})
+
+test("with the server down, assemble returns OpenClaw's messages as given", async () => {
+  server({ down: true })
+  const warnings = []
+  const { engine } = createContextRender({ url: "http://127.0.0.1:9" }, { warn: (m) => warnings.push(m) })
+  const messages = transcript(1)
+  const out = await call(engine, messages)
+  assert.equal(out.messages, messages)
+  assert.equal(out.promptAuthority, "preassembly_may_overflow")
+  assert.match(warnings[0], /history sent unchanged for openclaw-agent:main:t/)
+})
