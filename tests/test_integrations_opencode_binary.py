@@ -24,6 +24,7 @@ from adapters.fakeupstream import FakeUpstream, free_port, named_handles
 from contextrender_adapters.checks import pairing_problems
 from contextrender_adapters.client import Client
 from engine.measure import get_tokenizer
+from tests.integration_runs import history_of
 from tests.opencode_binary import ProxyTrap, binary, offline_env, plugin_dependencies
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -70,7 +71,7 @@ def project_with_plugin(root: Path, upstream: str) -> tuple[Path, Path]:
     home, project = root / "home", root / "project"
     (project / ".opencode" / "plugin").mkdir(parents=True)
     shutil.copy(PLUGIN, project / ".opencode" / "plugin" / PLUGIN.name)
-    for folder in (project / ".opencode", home / ".config" / "opencode"):
+    for folder in (project / ".opencode", home / ".config" / "opencode"):  # opencode installs into both
         plugin_dependencies(folder)
     for i in (1, 2):
         (project / f"notes{i}.txt").write_text(notes(i))
@@ -85,6 +86,11 @@ def project_with_plugin(root: Path, upstream: str) -> tuple[Path, Path]:
     }
     (project / "opencode.json").write_text(json.dumps(config, indent=2))
     return home, project
+
+
+def over_b(sent: list[list[dict]]) -> list[int]:
+    """The model calls whose history (all but the system prompt and a last user message) is over B."""
+    return [i for i, chat in enumerate(sent) if TOK.history_tokens(history_of({"messages": chat})) > BUDGET]
 
 
 def stubbed(chat: list[dict]) -> dict[str, str]:
@@ -141,6 +147,7 @@ def test_the_real_opencode_renders_through_the_plugin_within_b(opencode):
         assert f"notes_{i} line {LINES - 1}" in opencode.outputs[f"call_read_{i}"]
     sizes = [TOK.count(opencode.outputs[f"call_read_{i}"]) for i in (1, 2)]
     assert max(sizes) < BUDGET < sum(sizes), sizes
+    assert over_b(chats(opencode.upstream)) == []
     last = chats(opencode.upstream)[-1]
     past = history(last, PROMPTS[2])
     assert past, "opencode sent no history before the third turn"
@@ -168,6 +175,7 @@ def test_a_restore_through_the_real_opencode_returns_the_file(opencode):
     handle = named_handles(asked)[0]  # what the fake model restores
     call_id = stubbed(asked["messages"])[handle]
     last = chats(opencode.upstream)[-1]
+    assert over_b(chats(opencode.upstream)) == []
     assert pairing_problems(last) == []
     answered = [m for m in last if m["role"] == "tool" and m["tool_call_id"].startswith("call_restore_")]
     assert answered, f"the restore call got no result:\n{done.stderr[-3000:]}"
