@@ -1,15 +1,15 @@
-"""The real opencode for tests: opencode-ai 1.18.33, installed once with `npm ci --ignore-scripts`
-from the lock file in tests/fixtures/opencode/ into .cache/opencode (or $CONTEXTRENDER_OPENCODE_DIR).
-opencode is one self-contained binary per platform (a Bun build, about 180 MB), shipped in the
-optional packages `opencode-<os>-<arch>[-baseline][-musl]`; the lock file holds the two that exist
-for linux-x64 (the registry we locked against had no other), and npm installs only the ones that
-fit the machine. The package's own postinstall script only copies one of them to its `bin/`, so it
-is not run: `binary()` picks the first that answers `--version`, and the test skips, saying so,
-where none was installed. About 360 MB on disk; the first install takes about 15 s here.
+"""The real opencode for tests: opencode 1.18.33's binary, installed once with `npm ci
+--ignore-scripts` from the lock file in tests/fixtures/opencode/ into .cache/opencode (or
+$CONTEXTRENDER_OPENCODE_DIR). opencode is one self-contained binary per platform (a Bun build,
+about 180 MB), shipped in the optional packages of `opencode-ai`, `opencode-<os>-<arch>[-baseline]
+[-musl]`; `opencode-ai` itself only adds a postinstall script that copies one of them to its
+`bin/`. The lock file holds the two linux-x64 packages directly (the registry we locked against had
+no other platform's), npm installs those that fit the machine, `binary()` takes the first that
+answers `--version`, and the test skips, saying so, where none was installed. 354 MB on disk.
 
-`offline_env()` is what keeps opencode on loopback: without it, `opencode run` fetches the model
-list from models.opencode.ai, checks for updates, and (in `plugin_dependencies`' absence) installs
-@opencode-ai/plugin from the npm registry into every config folder before it loads a plugin."""
+`offline_env()` and `plugin_dependencies()` keep opencode on loopback: without them `opencode run`
+fetches the model list from models.opencode.ai and installs @opencode-ai/plugin from the npm
+registry into each config folder before it loads the folder's plugins (docs/integrations.md)."""
 
 from __future__ import annotations
 

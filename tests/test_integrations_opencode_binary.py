@@ -7,7 +7,7 @@ of history with valid pairing and stubs that name their handles, and offer `cont
 the server holds the session under opencode's session id. A fourth turn's model calls the restore
 tool, which must answer with the file as opencode's `read` gave it. With the server down, a run
 completes with opencode's own history and says so on stderr. No connection leaves loopback: every
-proxy-aware request is sent to a trap that must stay empty."""
+proxy-aware request is sent to a loopback trap that must stay empty."""
 
 from __future__ import annotations
 
