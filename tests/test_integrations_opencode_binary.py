@@ -6,7 +6,8 @@ fake model on loopback, and a real ContextRender server. Three `opencode run` tu
 of history with valid pairing and stubs that name their handles, and offer `contextrender_restore`;
 the server holds the session under opencode's session id. A fourth turn's model calls the restore
 tool, which must answer with the file as opencode's `read` gave it. With the server down, a run
-completes with opencode's own history and says so on stderr. No connection leaves loopback: every
+completes with opencode's own history and says so on stderr, and so does one with a server that
+never answers, after CONTEXTRENDER_TIMEOUT. No connection leaves loopback: every
 proxy-aware request is sent to a loopback trap that must stay empty."""
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from contextrender_adapters.client import Client
 from engine.measure import get_tokenizer
 from tests.integration_runs import history_of
 from tests.opencode_binary import ProxyTrap, binary, offline_env, plugin_dependencies
+from tests.test_integrations_opencode import silent_server
 
 ROOT = Path(__file__).resolve().parent.parent
 PLUGIN = ROOT / "integrations" / "opencode" / "contextrender.js"
@@ -200,6 +202,17 @@ def test_with_contextrender_down_the_real_opencode_sends_its_own_history(opencod
     # opencode's own messages went through: the whole file came back to the model.
     assert any(f"notes_2 line {LINES - 1}" in text(m) for m in sent[-1] if m["role"] == "tool")
     assert pairing_problems(sent[-1]) == []
+
+
+def test_with_contextrender_hung_the_real_opencode_goes_on_after_the_timeout(opencode):
+    """A server that takes the connection and never answers held opencode's model call for good
+    before CONTEXTRENDER_TIMEOUT (tests/test_integrations_opencode.py has the plugin-level test)."""
+    with silent_server() as url:
+        env = dict(opencode.base_env, CONTEXTRENDER_URL=url, CONTEXTRENDER_TIMEOUT="2", CONTEXTRENDER_BUDGET=str(BUDGET))
+        opencode.upstream.enqueue(content="Done while ContextRender hangs.")
+        done = opencode.run("Say hello while ContextRender hangs.", environment=env)
+    assert "contextrender: history sent unchanged (no answer from" in done.stderr
+    assert "Done while ContextRender hangs." in done.stdout
 
 
 def test_the_real_opencode_stayed_on_loopback(opencode):
