@@ -8,7 +8,12 @@ from __future__ import annotations
 import json
 import os
 import re
+import socket
 import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -69,8 +74,8 @@ def calls_text_as_null(chat: list[dict]) -> list[dict]:
     return [m | {"content": m["content"] or None} if m["role"] == "assistant" and m.get("tool_calls") else m for m in chat]
 
 
-def run_plugin(url: str, messages: list[dict], token: str, budget: int = BUDGET) -> dict:
-    env = dict(os.environ, CONTEXTRENDER_URL=url, CONTEXTRENDER_TOKEN=token, CONTEXTRENDER_BUDGET=str(budget))
+def run_plugin(url: str, messages: list[dict], token: str, budget: int = BUDGET, **settings: str) -> dict:
+    env = dict(os.environ, CONTEXTRENDER_URL=url, CONTEXTRENDER_TOKEN=token, CONTEXTRENDER_BUDGET=str(budget), **settings)
     done = subprocess.run(
         ["node", str(PLUGIN.parent / "test" / "transform.mjs"), str(PLUGIN)],
         input=json.dumps({"messages": messages}), capture_output=True, text=True, env=env, timeout=60, check=True,
@@ -123,8 +128,45 @@ def test_opencode_plugin_reads_the_server_envelope(package):
     assert json.loads(done.stdout) == {"ok": True, "threw": True}
 
 
-def run_restore(url: str, token: str, handle: str | None, session: str = "ses_test1", query: str | None = None) -> dict:
-    env = dict(os.environ, CONTEXTRENDER_URL=url, CONTEXTRENDER_TOKEN=token)
+@contextmanager
+def silent_server() -> Iterator[str]:
+    """A loopback URL whose server takes every connection and never answers (a hung ContextRender)."""
+    held: list[socket.socket] = []
+    server = socket.create_server(("127.0.0.1", 0))
+
+    def hold() -> None:
+        while True:
+            try:
+                held.append(server.accept()[0])
+            except OSError:
+                return
+
+    threading.Thread(target=hold, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.getsockname()[1]}"
+    finally:
+        server.close()
+        for connection in held:
+            connection.close()
+
+
+def test_opencode_plugin_fails_open_when_the_server_never_answers(package):
+    """Found by running the real opencode against a hung server: its model call waited for good.
+    Past CONTEXTRENDER_TIMEOUT the history goes unchanged and a restore answers a sentence."""
+    messages = opencode_session(results=2)
+    with silent_server() as url:
+        start = time.monotonic()
+        out = run_plugin(url, messages, token="t", CONTEXTRENDER_TIMEOUT="1")
+        assert out["messages"] == messages
+        assert "history sent unchanged (no answer from" in out["stderr"] and "within 1 s" in out["stderr"]
+        restored = run_restore(url, "t", "r1", CONTEXTRENDER_TIMEOUT="1")
+        assert "could not restore" in restored["output"] and "within 1 s" in restored["stderr"]
+        assert time.monotonic() - start < 30
+
+
+def run_restore(url: str, token: str, handle: str | None, session: str = "ses_test1", query: str | None = None,
+                **settings: str) -> dict:
+    env = dict(os.environ, CONTEXTRENDER_URL=url, CONTEXTRENDER_TOKEN=token, **settings)
     asked = {"handle": handle} if query is None else {"query": query}
     done = subprocess.run(["node", str(PLUGIN.parent / "test" / "restore.mjs"), str(PLUGIN)],
                           input=json.dumps(asked | {"sessionID": session}), capture_output=True, text=True,

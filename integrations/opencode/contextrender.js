@@ -15,10 +15,12 @@
 //
 // Settings (environment): CONTEXTRENDER_URL (default http://127.0.0.1:8000), CONTEXTRENDER_TOKEN
 // (a bearer token from the server's login), CONTEXTRENDER_BUDGET (tokens, default 6000),
-// CONTEXTRENDER_SELECTOR (default "contextrender").
+// CONTEXTRENDER_SELECTOR (default "contextrender"), CONTEXTRENDER_TIMEOUT (seconds a call to the server
+// may take, default 30).
 //
-// Fail-open: if the server cannot be reached or answers an error, the history goes unchanged; a
-// restore then answers the model with a sentence that says so. Both are logged (console.warn).
+// Fail-open: if the server cannot be reached, does not answer in time or answers an error, the
+// history goes unchanged; a restore then answers the model with a sentence that says so. Both are
+// logged (console.warn).
 //
 // opencode calls every function a plugin module exports, so only the plugin is exported; its
 // helpers hang off it (ContextRender.toChat, .parseRender, .applyRender) for tests.
@@ -212,18 +214,38 @@ function restoreTool(post) {
   })
 }
 
+// Seconds a call to the server may take, headers and body (CONTEXTRENDER_TIMEOUT).
+const DEFAULT_TIMEOUT_S = 30
+
+function seconds(text, fallback) {
+  const value = Number.parseFloat(text ?? "")
+  return Number.isFinite(value) && value > 0 ? value : fallback
+}
+
 export const ContextRender = async () => {
   const env = globalThis.process?.env ?? {}
   const url = (env.CONTEXTRENDER_URL || "http://127.0.0.1:8000").replace(/\/+$/, "")
   const token = env.CONTEXTRENDER_TOKEN || ""
   const budget = Number.parseInt(env.CONTEXTRENDER_BUDGET || "6000", 10)
   const selector = env.CONTEXTRENDER_SELECTOR || "contextrender"
-  const post = (walker, payload) =>
-    fetch(`${url}/walker/${walker}`, {
-      method: "POST",
-      headers: { "content-type": "application/json", ...(token ? { authorization: `Bearer ${token}` } : {}) },
-      body: JSON.stringify(payload),
-    })
+  const timeout = seconds(env.CONTEXTRENDER_TIMEOUT, DEFAULT_TIMEOUT_S)
+  // A server that takes the connection and never answers would hold opencode's model call
+  // forever (neither Bun's fetch nor Node's gives up on its own before minutes): past `timeout`
+  // the call fails, so the history goes unchanged (fail-open).
+  const post = async (walker, payload) => {
+    try {
+      return await fetch(`${url}/walker/${walker}`, {
+        method: "POST",
+        headers: { "content-type": "application/json", ...(token ? { authorization: `Bearer ${token}` } : {}) },
+        body: JSON.stringify(payload),
+        signal: AbortSignal.timeout(timeout * 1000),
+      })
+    } catch (error) {
+      if (error?.name === "TimeoutError" || error?.name === "AbortError")
+        throw new Error(`no answer from ${url} within ${timeout} s (CONTEXTRENDER_TIMEOUT)`)
+      throw error
+    }
+  }
   return {
     tool: { [RESTORE_TOOL]: restoreTool(post) },
     "experimental.chat.messages.transform": async (_input, output) => {
