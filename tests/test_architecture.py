@@ -1,5 +1,6 @@
 """scripts/architecture.py: the project's modules import each other without a loop, no source file
-is over 400 lines, and the render path the picture draws names modules that exist."""
+is over 400 lines, and the render path the picture draws names modules that exist; docs/layout.md
+names every source file, and only files that exist."""
 
 import subprocess
 import sys
@@ -64,3 +65,25 @@ def test_long_source_files_are_named_and_tests_are_not(tmp_path):
     (tmp_path / "engine" / "short.py").write_text("x\n" * 400)
     (tmp_path / "tests" / "test_long.py").write_text("x\n" * 900)
     assert architecture.long_files(tmp_path) == [("engine/long.jac", 401)]
+
+
+def test_the_layout_page_names_every_source_file():
+    """docs/layout.md names each tracked source file: by its path, by a folder row (`dir/`), by a
+    pattern row (`tests/test_integrations_*.py`), or, for `impl/x.impl.jac`, by its declaration `x.jac`."""
+    import fnmatch
+    import re
+
+    layout = (ROOT / "docs" / "layout.md").read_text()
+    named = set(re.findall(r"^\| `([^`]+)` \|", layout, re.M))
+    files = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
+    sources = [f for f in files if f.endswith((".py", ".jac", ".mjs", ".js", ".sh")) and "node_modules" not in f]
+
+    def found(path: str) -> bool:
+        declaration = re.sub(r"impl/(\w+)(\.\w+)?\.impl\.jac$", r"\1.jac", path)
+        return any(
+            name == path or name == declaration or (name.endswith("/") and path.startswith(name)) or fnmatch.fnmatch(path, name)
+            for name in named
+        )
+
+    assert [f for f in sources if not found(f)] == []
+    assert [name for name in named if "*" not in name and not (ROOT / name).exists()] == []
