@@ -5,6 +5,7 @@ plugin at all; scripts/setup.sh installs it with apt where it can)."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -37,6 +38,28 @@ def installed(folder: str, marker: str) -> Path:
                               capture_output=True, text=True, timeout=600)
         assert done.returncode == 0, f"npm ci in {package} failed:\n{done.stderr[-3000:]}"
     return package
+
+
+def locked_install(home: Path, parts: dict[str, Path], *, npm_args: tuple[str, ...] = (), env: dict | None = None) -> Path:
+    """A program's own npm install under `home`, made once: `npm ci` in `home`/<part> from the
+    package.json and package-lock.json of each `parts` folder, in order (a part "" is `home` itself).
+    A stamp named by the lock files' hash marks a finished install, so a changed lock installs anew."""
+    files = [folder / name for folder in parts.values() for name in ("package.json", "package-lock.json")]
+    stamp = home / f".installed-{hashlib.sha1(b''.join(f.read_bytes() for f in files)).hexdigest()[:12]}"
+    if stamp.exists():
+        return home
+    require_node("npm")
+    for part, fixtures in parts.items():
+        folder = home / part
+        shutil.rmtree(folder, ignore_errors=True)
+        folder.mkdir(parents=True)
+        for name in ("package.json", "package-lock.json"):
+            shutil.copy(fixtures / name, folder / name)
+        done = subprocess.run(["npm", "ci", "--no-audit", "--no-fund", *npm_args], cwd=folder, env=env,
+                              capture_output=True, text=True, timeout=900)
+        assert done.returncode == 0, f"npm ci in {folder} failed:\n{done.stderr[-3000:]}"
+    stamp.touch()
+    return home
 
 
 def run_module(script: str, payload: Any, cwd: Path | None = None) -> Any:

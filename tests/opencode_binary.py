@@ -13,7 +13,6 @@ registry into each config folder before it loads the folder's plugins (docs/inte
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import platform
@@ -25,34 +24,17 @@ from pathlib import Path
 
 import pytest
 
-from tests.npm_package import installed, require_node
+from tests.npm_package import installed, locked_install
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "fixtures" / "opencode"
 VERSION = "1.18.33"
 
 
-def lock_key() -> str:
-    text = b"".join((FIXTURES / name).read_bytes() for name in ("package.json", "package-lock.json"))
-    return hashlib.sha1(text).hexdigest()[:12]
-
-
 def opencode_home() -> Path:
     """The install folder, made on first use."""
-    require_node("npm")
     home = Path(os.environ.get("CONTEXTRENDER_OPENCODE_DIR") or ROOT / ".cache" / "opencode")
-    stamp = home / f".installed-{lock_key()}"
-    if stamp.exists():
-        return home
-    shutil.rmtree(home, ignore_errors=True)
-    home.mkdir(parents=True)
-    for name in ("package.json", "package-lock.json"):
-        shutil.copy(FIXTURES / name, home / name)
-    done = subprocess.run(["npm", "ci", "--no-audit", "--no-fund", "--ignore-scripts"], cwd=home,
-                          capture_output=True, text=True, timeout=900)
-    assert done.returncode == 0, f"npm ci in {home} failed:\n{done.stderr[-3000:]}"
-    stamp.touch()
-    return home
+    return locked_install(home, {"": FIXTURES}, npm_args=("--ignore-scripts",))
 
 
 def binary() -> Path:
