@@ -457,3 +457,33 @@ def test_the_log_is_stored_as_one_text_and_a_log_stored_as_a_list_is_kept(tmp_pa
     engine.close()
     _with_session(store, "old", lambda s: stored.update(text=s.render_log, listed=list(s.renders)))
     assert stored["listed"] == [] and [e["n"] for e in json.loads(stored["text"])] == [1, 2, 3, 4]
+
+
+def test_the_log_text_is_written_from_its_kept_entries_and_read_again_when_another_process_wrote_it(tmp_path):
+    """A render appends its entry to the entries' texts the cached index keeps (parsing and
+    writing the whole log at every render cost half a millisecond at 100 entries): the stored
+    text is still json.dumps of the entries, and a text some other process wrote (the index in
+    this process's cache unchanged) is read again, not overwritten with the kept copy."""
+    from contextrender_adapters import Engine
+    from walkers.renderlog import RENDER_LOG
+
+    store = tmp_path / "store"
+    engine = Engine(store)
+    for i in range(RENDER_LOG + 2):
+        engine.render("kept", reads(2), budget=1000 + i)
+    stored: dict = {}
+    _with_session(store, "kept", lambda s: stored.update(text=s.render_log))
+    entries = json.loads(stored["text"])
+    assert stored["text"] == json.dumps(entries) and [e["n"] for e in entries] == list(range(3, RENDER_LOG + 3))
+
+    def rewrite(session) -> None:  # as another server process would: its own, shorter log
+        session.render_log = json.dumps([dict(e, n=e["n"] + 1000) for e in entries[:5]])
+
+    _with_session(store, "kept", rewrite)
+    engine.render("kept", reads(2), budget=5000)
+    _with_session(store, "kept", lambda s: stored.update(text=s.render_log))
+    after = json.loads(stored["text"])
+    assert stored["text"] == json.dumps(after)
+    assert [e["n"] for e in after] == [1003, 1004, 1005, 1006, 1007, 1008] and after[-1]["budget"] == 5000
+    assert engine.inspect("kept")["renders"][-1]["n"] == 1008
+    engine.close()
