@@ -487,3 +487,31 @@ def test_the_log_text_is_written_from_its_kept_entries_and_read_again_when_anoth
     assert [e["n"] for e in after] == [1003, 1004, 1005, 1006, 1007, 1008] and after[-1]["budget"] == 5000
     assert engine.inspect("kept")["renders"][-1]["n"] == 1008
     engine.close()
+
+
+def test_status_code_run_length_codes_every_result_and_expands_back():
+    """The statuses of a render, one letter a result, run-length coded: compared with a plain
+    count of runs on plans of random choices (and expanded back to the statuses)."""
+    import random
+    from types import SimpleNamespace
+
+    from walkers.renderlog import expand_statuses, status_code
+
+    names = {"k": "kept", "c": "compacted", "o": "omitted"}
+    rng = random.Random(7)
+    for results in (0, 1, 2, 5, 60, 300):
+        for _ in range(20):
+            chosen = {r for r in range(results) if rng.random() < 0.3}
+            kept = {r for r in range(results) if rng.random() < 0.1}
+            compacted = {r: {} for r in chosen if rng.random() < 0.2}
+            plan = SimpleNamespace(choice=SimpleNamespace(chosen=chosen), always_kept=kept, compacted=compacted)
+            letters = [("c" if r in compacted else "k") if r in chosen | kept else "o" for r in range(results)]
+            runs: list[list] = []
+            for letter in letters:
+                if runs and runs[-1][0] == letter:
+                    runs[-1][1] += 1
+                else:
+                    runs.append([letter, 1])
+            code = status_code(plan, SimpleNamespace(selected=True, results=results))
+            assert code == "".join(f"{letter}{n}" for letter, n in runs)
+            assert expand_statuses(code) == [names[letter] for letter in letters]
