@@ -457,3 +457,61 @@ def test_the_log_is_stored_as_one_text_and_a_log_stored_as_a_list_is_kept(tmp_pa
     engine.close()
     _with_session(store, "old", lambda s: stored.update(text=s.render_log, listed=list(s.renders)))
     assert stored["listed"] == [] and [e["n"] for e in json.loads(stored["text"])] == [1, 2, 3, 4]
+
+
+def test_the_log_text_is_written_from_its_kept_entries_and_read_again_when_another_process_wrote_it(tmp_path):
+    """A render appends its entry to the entries' texts the cached index keeps (parsing and
+    writing the whole log at every render cost half a millisecond at 100 entries): the stored
+    text is still json.dumps of the entries, and a text some other process wrote (the index in
+    this process's cache unchanged) is read again, not overwritten with the kept copy."""
+    from contextrender_adapters import Engine
+    from walkers.renderlog import RENDER_LOG
+
+    store = tmp_path / "store"
+    engine = Engine(store)
+    for i in range(RENDER_LOG + 2):
+        engine.render("kept", reads(2), budget=1000 + i)
+    stored: dict = {}
+    _with_session(store, "kept", lambda s: stored.update(text=s.render_log))
+    entries = json.loads(stored["text"])
+    assert stored["text"] == json.dumps(entries) and [e["n"] for e in entries] == list(range(3, RENDER_LOG + 3))
+
+    def rewrite(session) -> None:  # as another server process would: its own, shorter log
+        session.render_log = json.dumps([dict(e, n=e["n"] + 1000) for e in entries[:5]])
+
+    _with_session(store, "kept", rewrite)
+    engine.render("kept", reads(2), budget=5000)
+    _with_session(store, "kept", lambda s: stored.update(text=s.render_log))
+    after = json.loads(stored["text"])
+    assert stored["text"] == json.dumps(after)
+    assert [e["n"] for e in after] == [1003, 1004, 1005, 1006, 1007, 1008] and after[-1]["budget"] == 5000
+    assert engine.inspect("kept")["renders"][-1]["n"] == 1008
+    engine.close()
+
+
+def test_status_code_run_length_codes_every_result_and_expands_back():
+    """The statuses of a render, one letter a result, run-length coded: compared with a plain
+    count of runs on plans of random choices (and expanded back to the statuses)."""
+    import random
+    from types import SimpleNamespace
+
+    from walkers.renderlog import expand_statuses, status_code
+
+    names = {"k": "kept", "c": "compacted", "o": "omitted"}
+    rng = random.Random(7)
+    for results in (0, 1, 2, 5, 60, 300):
+        for _ in range(20):
+            chosen = {r for r in range(results) if rng.random() < 0.3}
+            kept = {r for r in range(results) if rng.random() < 0.1}
+            compacted = {r: {} for r in chosen if rng.random() < 0.2}
+            plan = SimpleNamespace(choice=SimpleNamespace(chosen=chosen), always_kept=kept, compacted=compacted)
+            letters = [("c" if r in compacted else "k") if r in chosen | kept else "o" for r in range(results)]
+            runs: list[list] = []
+            for letter in letters:
+                if runs and runs[-1][0] == letter:
+                    runs[-1][1] += 1
+                else:
+                    runs.append([letter, 1])
+            code = status_code(plan, SimpleNamespace(selected=True, results=results))
+            assert code == "".join(f"{letter}{n}" for letter, n in runs)
+            assert expand_statuses(code) == [names[letter] for letter in letters]
