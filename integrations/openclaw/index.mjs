@@ -24,9 +24,10 @@
 // Sessions are named by OpenClaw's own session key (stable across transcript rotation), else its
 // session id: `openclaw-<key>`.
 //
-// Settings: plugins.entries.contextrender.config {url, token, budget, selector}, or the
+// Settings: plugins.entries.contextrender.config {url, token, budget, selector, timeout}, or the
 // environment: CONTEXTRENDER_URL (default http://127.0.0.1:8000), CONTEXTRENDER_TOKEN,
-// CONTEXTRENDER_BUDGET, CONTEXTRENDER_SELECTOR.
+// CONTEXTRENDER_BUDGET, CONTEXTRENDER_SELECTOR, CONTEXTRENDER_TIMEOUT (seconds a call to the server
+// may take, default 30: past it the call fails open, as with the server down).
 
 export const RESTORE_TOOL = "contextrender_restore"
 const RESTORE_DESCRIPTION =
@@ -156,7 +157,15 @@ function settings(pluginConfig) {
     token: String(config.token || env.CONTEXTRENDER_TOKEN || ""),
     budget: Number.isFinite(budget) ? budget : null,
     selector: String(config.selector || env.CONTEXTRENDER_SELECTOR || "contextrender"),
+    timeout: positive(config.timeout ?? env.CONTEXTRENDER_TIMEOUT, DEFAULT_TIMEOUT_S),
   }
+}
+
+const DEFAULT_TIMEOUT_S = 30
+
+function positive(text, fallback) {
+  const value = Number.parseFloat(String(text ?? ""))
+  return Number.isFinite(value) && value > 0 ? value : fallback
 }
 
 export const sessionName = (key, id) => `openclaw-${key || id}`
@@ -186,13 +195,24 @@ const VIEWS_KEPT = 256 // sessions whose last view this process remembers
 /** The context engine and the restore tool, bound to one server. */
 export function createContextRender(pluginConfig, log = console) {
   const s = settings(pluginConfig)
+  // A server that takes the connection and never answers would hold OpenClaw's model call for
+  // good (Node's fetch does not give up on its own): past `timeout` the call fails (fail-open).
   const post = async (walker, payload) => {
-    const response = await fetch(`${s.url}/walker/${walker}`, {
-      method: "POST",
-      headers: { "content-type": "application/json", ...(s.token ? { authorization: `Bearer ${s.token}` } : {}) },
-      body: JSON.stringify(payload),
-    })
-    const body = await response.json().catch(() => null)
+    const signal = AbortSignal.timeout(s.timeout * 1000)
+    let response, body
+    try {
+      response = await fetch(`${s.url}/walker/${walker}`, {
+        method: "POST",
+        headers: { "content-type": "application/json", ...(s.token ? { authorization: `Bearer ${s.token}` } : {}) },
+        body: JSON.stringify(payload),
+        signal,
+      })
+      body = await response.json().catch((error) => { if (signal.aborted) throw error; return null })
+    } catch (error) {
+      if (error?.name === "TimeoutError" || error?.name === "AbortError")
+        throw new Error(`no answer from ${s.url} within ${s.timeout} s (CONTEXTRENDER_TIMEOUT)`)
+      throw error
+    }
     if (!response.ok) {
       const error = new Error(`HTTP ${response.status}: ${JSON.stringify(body?.error ?? body)}`)
       error.code = body?.error?.code

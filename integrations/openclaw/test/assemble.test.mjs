@@ -5,6 +5,7 @@
 // fold marker (a rewritten history: the server would fork and the handles shown would be lost).
 // The server is a stub `fetch` that records what it is sent and renders by fixed rules.
 import assert from "node:assert/strict"
+import { createServer } from "node:net"
 import { test } from "node:test"
 import { createContextRender } from "../index.mjs"
 
@@ -21,6 +22,8 @@ function transcript(reads) {
   }
   return messages
 }
+
+const realFetch = globalThis.fetch
 
 /** A server that folds the first user message and cuts every tool result to a stub. */
 function server({ down = false } = {}) {
@@ -80,4 +83,25 @@ test("with the server down, assemble returns OpenClaw's messages as given", asyn
   assert.equal(out.messages, messages)
   assert.equal(out.promptAuthority, "preassembly_may_overflow")
   assert.match(warnings[0], /history sent unchanged for openclaw-agent:main:t/)
+})
+
+test("a server that takes the connection and never answers fails open after the timeout", { timeout: 10000 }, async () => {
+  globalThis.fetch = realFetch
+  const held = []
+  const silent = createServer((socket) => held.push(socket))
+  await new Promise((done) => silent.listen(0, "127.0.0.1", done))
+  const warnings = []
+  const url = `http://127.0.0.1:${silent.address().port}`
+  const { engine } = createContextRender({ url, timeout: 0.5 }, { warn: (m) => warnings.push(m) })
+  try {
+    const messages = transcript(1)
+    const start = Date.now()
+    const out = await call(engine, messages)
+    assert.equal(out.messages, messages)
+    assert.match(warnings[0], /history sent unchanged .*no answer from .* within 0.5 s/)
+    assert.ok(Date.now() - start < 10000)
+  } finally {
+    held.forEach((socket) => socket.destroy())
+    silent.close()
+  }
 })
