@@ -506,6 +506,54 @@ def test_explain_and_last_render_are_the_same_after_a_restart(tmp_path):
     assert any(d["reason"].startswith("did not fit") and d["score"] > 0 for d in explained["decisions"])
 
 
+def test_the_last_request_is_one_text_and_a_request_stored_as_a_dict_still_explains(tmp_path):
+    """The Session keeps the last render's request (budget, settings, events: what explain_render
+    renders again after a restart) as one JSON text: a dict of 32 settings cost every render its
+    serialisations at each load and commit. A session stored with the dict explains the same
+    after a restart, and its next render writes the text and empties the dict."""
+    from engine.index import SESSION_CACHE
+    from tests.test_inspector import _with_session
+
+    def restarted() -> Engine:
+        for key in list(SESSION_CACHE._indexes):
+            SESSION_CACHE.drop(key)
+        return Engine(store)
+
+    store = tmp_path / "store"
+    engine = Engine(store)
+    messages = folded_session(4)
+    rendered = engine.render("old", messages, budget=1500, selector="cr-recency", fold_target=0.4)
+    engine.close()
+    engine = restarted()
+    explained = _explained(engine, "old")
+    assert explained[0]["messages"] == rendered.messages and explained[0]["selected"]
+    engine.close()
+    stored: dict = {}
+    _with_session(store, "old", lambda s: stored.update(text=s.render_request, kept=dict(s.last_request)))
+    request = json.loads(stored["text"])
+    assert stored["kept"] == {} and request["budget"] == 1500 and request["events"] == len(messages)
+    assert request["settings"]["selector"] == "cr-recency" and request["settings"]["fold_target"] == 0.4
+
+    def as_dict(session) -> None:
+        (session.last_request, session.render_request) = (json.loads(session.render_request), "")
+
+    _with_session(store, "old", as_dict)
+    _with_session(store, "old", lambda s: stored.update(text=s.render_request, kept=dict(s.last_request)))
+    assert stored["text"] == "" and stored["kept"] == request
+    engine = restarted()
+    assert _explained(engine, "old") == explained
+    again = engine.render("old", messages, budget=1400)
+    engine.close()
+    _with_session(store, "old", lambda s: stored.update(text=s.render_request, kept=dict(s.last_request)))
+    assert stored["kept"] == {} and json.loads(stored["text"])["budget"] == 1400 and again.budget == 1400
+    # A session never rendered has nothing to explain, in either form.
+    engine = Engine(store)
+    engine.ingest("new", messages)
+    with pytest.raises(InvalidRequest, match="has not been rendered yet"):
+        engine.explain("new")
+    engine.close()
+
+
 def test_the_last_render_figures_are_one_text_and_figures_stored_as_a_dict_are_kept(tmp_path):
     """The Session keeps the last render's figures (get_session's last_render) as one JSON text:
     a dict of 18 values cost every render its serialisations at each load, commit and write. A
