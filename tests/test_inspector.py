@@ -501,7 +501,8 @@ def test_status_code_run_length_codes_every_result_and_expands_back():
     rng = random.Random(7)
     for results in (0, 1, 2, 5, 60, 300):
         for _ in range(20):
-            chosen = {r for r in range(results) if rng.random() < 0.3}
+            # (A shown number past the results is not coded.)
+            chosen = {r for r in range(results + 2) if rng.random() < (0.3 if _ % 2 else 0.9)}
             kept = {r for r in range(results) if rng.random() < 0.1}
             compacted = {r: {} for r in chosen if rng.random() < 0.2}
             plan = SimpleNamespace(choice=SimpleNamespace(chosen=chosen), always_kept=kept, compacted=compacted)
