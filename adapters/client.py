@@ -47,16 +47,48 @@ if logging.getLogger("httpx").level == logging.NOTSET:
     logging.getLogger("httpx").setLevel(logging.WARNING)
 
 
+# Seconds a request may wait for each step (connect, send, each read of the answer), unless the
+# client is given `timeout` or $CONTEXTRENDER_TIMEOUT is set: a first ingestion of thousands of
+# events can take tens of seconds.
+DEFAULT_TIMEOUT = 120.0
+
+
 class ServerUnavailable(ConnectionError):
-    """No ContextRender server answers at the client's URL (refused, unresolvable, or no answer
-    within the connect timeout). The original httpx error is its `__cause__`."""
+    """No ContextRender server answers at the client's URL: refused, unresolvable, or no answer
+    within the client's timeout (a server that took the connection and hangs). The original httpx
+    error is its `__cause__`."""
 
 
 def _unavailable(url: Any, error: Exception) -> ServerUnavailable:
+    where = f"{url.scheme}://{url.netloc.decode()}"
+    if isinstance(error, (httpx.ConnectError, httpx.ConnectTimeout)):
+        return ServerUnavailable(
+            f"no ContextRender server answers at {where} ({type(error).__name__}: {error}); "
+            "start one with `contextrender serve`, or give the client its URL (Client(url) or $CONTEXTRENDER_URL)"
+        )
     return ServerUnavailable(
-        f"no ContextRender server answers at {url.scheme}://{url.netloc.decode()} ({type(error).__name__}: {error}); "
-        "start one with `contextrender serve`, or give the client its URL (Client(url) or $CONTEXTRENDER_URL)"
+        f"the ContextRender server at {where} took the request and gave no answer within the client's timeout "
+        f"({type(error).__name__}); give it longer with Client(timeout=...) or $CONTEXTRENDER_TIMEOUT (seconds)"
     )
+
+
+_UNANSWERED = (httpx.ConnectError, httpx.ConnectTimeout, httpx.ReadTimeout, httpx.WriteTimeout, httpx.PoolTimeout)
+
+
+def _timeout(timeout: float | None) -> float:
+    """`timeout`, else $CONTEXTRENDER_TIMEOUT, else DEFAULT_TIMEOUT."""
+    if timeout is not None:
+        return timeout
+    raw = os.environ.get("CONTEXTRENDER_TIMEOUT", "").strip()
+    if not raw:
+        return DEFAULT_TIMEOUT
+    try:
+        seconds = float(raw)
+    except ValueError:
+        seconds = 0.0
+    if not seconds > 0:
+        raise ValueError(f"CONTEXTRENDER_TIMEOUT must be a positive number of seconds (got {raw!r})")
+    return seconds
 
 
 class _Reaching(httpx.BaseTransport):
@@ -68,7 +100,7 @@ class _Reaching(httpx.BaseTransport):
     def handle_request(self, request: httpx.Request) -> httpx.Response:
         try:
             return self.inner.handle_request(request)
-        except (httpx.ConnectError, httpx.ConnectTimeout) as error:
+        except _UNANSWERED as error:
             raise _unavailable(request.url, error) from error
 
     def close(self) -> None:
@@ -82,7 +114,7 @@ class _AsyncReaching(httpx.AsyncBaseTransport):
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         try:
             return await self.inner.handle_async_request(request)
-        except (httpx.ConnectError, httpx.ConnectTimeout) as error:
+        except _UNANSWERED as error:
             raise _unavailable(request.url, error) from error
 
     async def aclose(self) -> None:
@@ -195,10 +227,11 @@ class _Connection(EndpointMethods):
 class Client(_Connection):
     """Synchronous client; thread-safe (httpx.Client is)."""
 
-    def __init__(self, base_url: str | None = None, *, token: str | None = None, timeout: float = 120.0,
+    def __init__(self, base_url: str | None = None, *, token: str | None = None, timeout: float | None = None,
                  transport: httpx.BaseTransport | None = None) -> None:
-        """`base_url` defaults to $CONTEXTRENDER_URL, else http://127.0.0.1:8000."""
-        super().__init__(httpx.Client(base_url=_base_url(base_url), timeout=timeout,
+        """`base_url` defaults to $CONTEXTRENDER_URL, else http://127.0.0.1:8000; `timeout` (seconds for
+        each step of a request) to $CONTEXTRENDER_TIMEOUT, else DEFAULT_TIMEOUT."""
+        super().__init__(httpx.Client(base_url=_base_url(base_url), timeout=_timeout(timeout),
                                       transport=_Reaching(transport or httpx.HTTPTransport())), token)
 
     def __enter__(self) -> Client:
@@ -232,9 +265,9 @@ class Client(_Connection):
 class AsyncClient(_Connection):
     """The same client for asyncio code; every endpoint method is a coroutine."""
 
-    def __init__(self, base_url: str | None = None, *, token: str | None = None, timeout: float = 120.0,
+    def __init__(self, base_url: str | None = None, *, token: str | None = None, timeout: float | None = None,
                  transport: httpx.AsyncBaseTransport | None = None) -> None:
-        super().__init__(httpx.AsyncClient(base_url=_base_url(base_url), timeout=timeout,
+        super().__init__(httpx.AsyncClient(base_url=_base_url(base_url), timeout=_timeout(timeout),
                                            transport=_AsyncReaching(transport or httpx.AsyncHTTPTransport())), token)
 
     async def __aenter__(self) -> AsyncClient:

@@ -71,3 +71,37 @@ def test_no_server_at_the_url_is_a_server_unavailable_naming_it():
     with pytest.raises(ServerUnavailable, match=f"no ContextRender server answers at {url}") as raised:
         Client(url).list_sessions()
     assert isinstance(raised.value.__cause__, httpx.ConnectError)
+
+
+def test_a_server_that_never_answers_is_a_server_unavailable_after_the_timeout(monkeypatch):
+    """A server that takes the connection and hangs: the client gives up after its timeout (its
+    argument, else $CONTEXTRENDER_TIMEOUT) with a ServerUnavailable saying how to wait longer."""
+    import asyncio
+    import socket
+    import time
+
+    from contextrender_adapters.client import AsyncClient, ServerUnavailable
+
+    held: list = []
+    with socket.create_server(("127.0.0.1", 0)) as silent:
+        silent.settimeout(5)
+        url = f"http://127.0.0.1:{silent.getsockname()[1]}"
+        start = time.monotonic()
+        with pytest.raises(ServerUnavailable, match="gave no answer within the client's timeout") as raised:
+            Client(url, timeout=0.5).health()
+        assert isinstance(raised.value.__cause__, httpx.ReadTimeout) and time.monotonic() - start < 5
+        monkeypatch.setenv("CONTEXTRENDER_TIMEOUT", "0.5")
+        assert Client(url).http.timeout.read == 0.5
+        with pytest.raises(ServerUnavailable, match="CONTEXTRENDER_TIMEOUT"):
+            asyncio.run(AsyncClient(url).health())
+        held.append(silent.accept()[0])
+    for connection in held:
+        connection.close()
+
+
+def test_the_timeout_setting_must_be_a_positive_number(monkeypatch):
+    monkeypatch.setenv("CONTEXTRENDER_TIMEOUT", "soon")
+    with pytest.raises(ValueError, match="CONTEXTRENDER_TIMEOUT must be a positive number of seconds"):
+        Client("http://127.0.0.1:1")
+    monkeypatch.delenv("CONTEXTRENDER_TIMEOUT")
+    assert Client("http://127.0.0.1:1").http.timeout.read == 120.0

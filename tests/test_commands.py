@@ -83,3 +83,11 @@ def test_replay_refuses_a_bad_budget(tmp_path, capsys):
     path.write_text(json.dumps(hand_trace()) + "\n")
     assert main(["replay", str(path), "--budget", "10", "--selector", "prune", "--no-progress"]) == 2
     assert "budget must be" in capsys.readouterr().err
+
+
+def test_the_proxy_refuses_a_bad_client_timeout_at_start(monkeypatch, capsys):
+    monkeypatch.setenv("CONTEXTRENDER_TIMEOUT", "-1")
+    code = main(["proxy", "--upstream", "http://127.0.0.1:9/v1", "--port", "1", "--budget", "6000",
+                 "--server", "http://127.0.0.1:9", "--token", "t"])
+    assert code == 2
+    assert "CONTEXTRENDER_TIMEOUT must be a positive number of seconds (got '-1')" in capsys.readouterr().err

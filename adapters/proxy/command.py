@@ -62,7 +62,11 @@ def run(args: argparse.Namespace) -> int:
         return _refuse(f"--restore-rounds must be >= 0 (got {args.restore_rounds})")
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    app = create_app(_backend(args), args.upstream, args.budget, args.selector, args.fail_closed, args.upstream_timeout,
+    try:
+        backend = _backend(args)
+    except ValueError as bad:  # a malformed client setting ($CONTEXTRENDER_TIMEOUT)
+        return _refuse(str(bad))
+    app = create_app(backend, args.upstream, args.budget, args.selector, args.fail_closed, args.upstream_timeout,
                      args.restore_rounds, inspect=not args.no_inspector)
     where = f"server {args.server}" if args.server else f"store {os.path.abspath(args.store)}"
     log.info("proxy on http://%s:%d -> %s (budget %d, selector %s, restore rounds %d, %s)", args.host, args.port,
