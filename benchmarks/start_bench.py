@@ -61,7 +61,14 @@ def _until_answered(command: list[str], probe: Callable[[], bool], cwd: str, tim
             time.sleep(0.05)
         raise RuntimeError(f"no answer within {timeout} s")
     finally:
+        # Waited for: a server still draining (jac-scale's takes up to 10 s) would run beside the next
+        # measure, and a child's CPU time is counted (RUSAGE_CHILDREN) only once it is reaped.
         process.terminate()
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
         process.wait(timeout=60)
 
 
