@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+import subprocess
 import threading
 import time
 from typing import Any
@@ -16,6 +17,20 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def stop_process(process: subprocess.Popen, grace: float = 30) -> None:
+    """Stop a server started as a child process and reap it: SIGTERM, then SIGKILL after `grace`
+    seconds (a stopped server that still drains would run beside what comes next, and a child's
+    CPU time counts only once it is reaped)."""
+    if process.poll() is not None:
+        return
+    process.terminate()
+    try:
+        process.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
 
 
 class LoopbackServer:

@@ -29,7 +29,7 @@ from pathlib import Path
 import httpx
 
 from contextrender_adapters.fakeupstream import FakeUpstream
-from contextrender_adapters.loopback import free_port
+from contextrender_adapters.loopback import free_port, stop_process
 
 Measure = Callable[[Path, str], float]
 
@@ -61,14 +61,9 @@ def _until_answered(command: list[str], probe: Callable[[], bool], cwd: str, tim
             time.sleep(0.05)
         raise RuntimeError(f"no answer within {timeout} s")
     finally:
-        # Waited for: a server still draining (jac-scale's takes up to 10 s) would run beside the next
-        # measure, and a child's CPU time is counted (RUSAGE_CHILDREN) only once it is reaped.
-        process.terminate()
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        # Reaped before the next measure: jac-scale's drain takes up to 10 s, and RUSAGE_CHILDREN
+        # counts a child's CPU only once it is reaped.
+        stop_process(process)
         process.wait(timeout=60)
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 import httpx
 
 from contextrender_adapters.fakeupstream import free_port
+from contextrender_adapters.loopback import stop_process
 
 REPO = Path(__file__).resolve().parent.parent
 JAC = Path(sys.executable).parent / "jac"
@@ -65,9 +66,5 @@ class JacServer:
             self.process.wait()
 
     def stop(self) -> None:
-        if self.process and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.kill()
+        if self.process:
+            stop_process(self.process, grace=20)

@@ -22,7 +22,7 @@ import httpx
 import pytest
 
 from contextrender_adapters.access_table import FALLBACK
-from contextrender_adapters.loopback import free_port
+from contextrender_adapters.loopback import free_port, stop_process
 
 REPO = Path(__file__).resolve().parent.parent
 # The Jac modules of the checkout (not jaclang's .jac/ cache folders, which rglob also matches).
@@ -138,10 +138,5 @@ def test_an_installed_wheel_serves_without_compiling_its_modules(venv, tmp_path)
         # The access levels are the served ones: health is public, the other walkers need a login.
         assert httpx.post(f"{url}/walker/list_sessions", json={}, timeout=30).status_code == 401
     finally:
-        process.terminate()
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        stop_process(process)
     assert FALLBACK not in log.read_text(), log.read_text()[-3000:]
