@@ -1,15 +1,15 @@
 """Builds the wheel with the Jac engine inside it (the metadata is in pyproject.toml).
 
-The Jac modules (contextrender_server.jac, jac.toml, graph/, engine/, walkers/) live at the top of the
-checkout, where `jac start contextrender_server.jac` serves them. A wheel carries them as package data
-under `contextrender_adapters/jac/` (pyproject.toml maps graph/, engine/ and walkers/ there; this
+The Jac modules (contextrender.jac, jac.toml, graph/, engine/, walkers/) live at the top of the
+checkout, where `jac start contextrender.jac` serves them. A wheel carries them as package data
+under `contextrender/jac/` (pyproject.toml maps graph/, engine/ and walkers/ there; this
 file copies the entry module and jac.toml beside them), and, compiled by jaclang's own bundler
-(`jaclang/utils/precompile_bytecode.jac`), as `contextrender_adapters/_precompiled/cpython-3XX/`:
+(`jaclang/utils/precompile_bytecode.jac`), as `contextrender/_precompiled/cpython-3XX/`:
 jaclang loads a module from that bundle when the module's source, its impl files and the jaclang
 and Python versions match the key the bundle was stamped with, so an installed engine does not
 compile on its first start. Each bundle file also carries its module's access table (jaclang's
 interop section, copied from the bundler's compile: `_add_access_tables`), which `contextrender
-serve` reads instead of compiling the modules again (adapters/access_table.py). An editable
+serve` reads instead of compiling the modules again (adapters/server/access_table.py). An editable
 install uses the checkout itself and gets neither.
 """
 
@@ -26,8 +26,8 @@ from setuptools import setup
 from setuptools.command.build_py import build_py
 
 ROOT = Path(__file__).resolve().parent
-PACKAGE = "contextrender_adapters"
-ENTRY_FILES = ("contextrender_server.jac", "jac.toml")
+PACKAGE = "contextrender"
+ENTRY_FILES = ("contextrender.jac", "jac.toml")
 
 
 class BuildWithJac(build_py):
@@ -58,8 +58,7 @@ class BuildWithJac(build_py):
             # JAC_REBUILD: every module compiled and its module cache file (with the interop section
             # that `_add_access_tables` copies) written, also one the program already holds in memory
             # because an earlier module imported it (jaclang returns that one's bytecode unwritten).
-            env = dict(os.environ, LITELLM_LOCAL_MODEL_COST_MAP="True", JAC_DISABLED_PLUGINS="contextrender:server",
-                       JAC_REBUILD="1")
+            env = dict(os.environ, LITELLM_LOCAL_MODEL_COST_MAP="True", JAC_REBUILD="1")
             result = subprocess.run(
                 [sys.executable, "-m", "jaclang", "run", str(script), str(source)],
                 cwd=scratch, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -82,7 +81,7 @@ def _add_access_tables(package: Path, compiled: list[Path]) -> int:
 
     jaclang's bundle files hold only the bytecode and the key, and a wheel install loads from them,
     so its module cache has no table and `contextrender serve` would compile every module again
-    to read the access levels; adapters/access_table.py reads them from the bundle file instead.
+    to read the access levels; adapters/server/access_table.py reads them from the bundle file instead.
     jaclang reads only the bundle's bytecode section, so the extra section changes nothing else.
     """
     from jaclang.jac0core.jir import HEADER_SIZE, SEC_INTEROP, SECTIONS_MAGIC, read_modkey, read_sections, write_sections

@@ -10,7 +10,7 @@ import sys
 
 # Subcommand modules, imported only when the command line is parsed; none loads the engine until
 # its command runs (the engine is slow to load).
-COMMAND_MODULES = ("contextrender_adapters.proxy.command", "contextrender_adapters.serve", "contextrender_eval.commands")
+COMMAND_MODULES = ("contextrender.proxy.command", "contextrender.server.serve", "contextrender_eval.commands")
 
 
 def build_parser() -> argparse.ArgumentParser:

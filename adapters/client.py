@@ -1,4 +1,4 @@
-"""A typed client for the ContextRender server (`jac start contextrender_server.jac`).
+"""A typed client for the ContextRender server (`jac start contextrender.jac`).
 
 The same methods as the in-process `Engine`, one per endpoint (adapters/endpoints.py); errors
 are the same classes (`InvalidRequest`, `UnknownSession`, `HistoryConflict`, else
@@ -23,12 +23,12 @@ from typing import Any
 
 import httpx
 
-from contextrender_adapters import core
-from contextrender_adapters.core import ContextRenderError, HistoryConflict, InvalidRequest, UnknownResult, UnknownSession
-from contextrender_adapters.endpoints import ENDPOINTS, EndpointMethods
+from contextrender import core
+from contextrender.core import ContextRenderError, HistoryConflict, InvalidRequest, UnknownResult, UnknownSession
+from contextrender.endpoints import ENDPOINTS, EndpointMethods
 
 DEFAULT_URL = "http://127.0.0.1:8000"
-# The server names its errors (adapters/server.py); a bare status, such as a 404 from a wrong URL,
+# The server names its errors (adapters/server/app.py); a bare status, such as a 404 from a wrong URL,
 # is only a ContextRenderError. `.status` keeps the HTTP status (a body too large is 413).
 ERRORS_BY_CODE = {
     "INVALID_REQUEST": InvalidRequest,

@@ -1,9 +1,9 @@
 """The Python layer's one door into the Jac modules: every name that the adapters
-(`contextrender_adapters`) and the evaluation harness (`contextrender_eval`) use from graph/,
+(`contextrender`) and the evaluation harness (`contextrender_eval`) use from graph/,
 engine/ and walkers/, listed by the Jac module that defines it. No other module of those two packages imports
 a Jac module, so when one moves, this table is the only Python to change.
 
-Names load on first use (PEP 562): `from contextrender_adapters.core import content_text` imports
+Names load on first use (PEP 562): `from contextrender.core import content_text` imports
 engine/measure.jac and nothing else, so a command line that needs one helper does not wait for
 every walker to compile.
 """
@@ -13,7 +13,10 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from contextrender_adapters.endpoints import ENDPOINTS
+from contextrender.endpoints import ENDPOINTS
+from contextrender.jaclang_setup import import_jaclang
+
+import_jaclang()
 
 _FROM: dict[str, tuple[str, ...]] = {
     # What the endpoints report (the endpoint walkers themselves come from ENDPOINTS, below).
@@ -26,7 +29,7 @@ _FROM: dict[str, tuple[str, ...]] = {
     "engine.registry": ("SELECTORS", "render_settings"),
     "engine.score": ("latest_exchange_text",),
     "engine.errors": ("ContextRenderError", "InvalidRequest", "UnknownSession", "UnknownResult", "HistoryConflict", "ClientGone"),
-    # Where the server tells a walker that its request's client has left (adapters/request_guard.py).
+    # Where the server tells a walker that its request's client has left (adapters/server/guard.py).
     "engine.cancel": ("CLIENT_LEFT",),
     "graph.content": ("content_text",),
     "engine.measure": ("get_tokenizer", "get_embedder", "warm_up", "EMBED_CLIP", "DEFAULT_ENCODING"),
@@ -39,11 +42,11 @@ _FROM: dict[str, tuple[str, ...]] = {
     "engine.messages": ("normal_form", "same_event"),
     # The memory setting the proxy bounds its own per-session state by.
     "engine.index": ("cache_bytes_setting",),
-    # The request rules the server also applies to every JSON body (adapters/server.py).
+    # The request rules the server also applies to every JSON body (adapters/server/app.py).
     "engine.validate": ("MAX_DEPTH", "check_message", "check_session_id"),
 }
 
-# The endpoint walkers, each from the module its row in adapters/endpoints.py names.
+# The endpoint walkers, each from the module its method in adapters/endpoints.py names.
 for _endpoint in ENDPOINTS.values():
     _FROM[_endpoint.module] = _FROM.get(_endpoint.module, ()) + (_endpoint.walker,)
 del _endpoint
@@ -56,7 +59,7 @@ __all__ = sorted(_MODULE_OF)
 def __getattr__(name: str) -> Any:
     module = _MODULE_OF.get(name)
     if module is None:
-        raise AttributeError(f"module 'contextrender_adapters.core' has no attribute {name!r}")
+        raise AttributeError(f"module 'contextrender.core' has no attribute {name!r}")
     value = getattr(importlib.import_module(module), name)
     globals()[name] = value  # later look-ups are plain attribute reads
     return value

@@ -29,13 +29,44 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from contextrender_adapters.core import RESTORE_TOOL, InvalidRequest, UnknownResult, UnknownSession, content_text
-from contextrender_adapters.core import restore_tool as _schema
-from contextrender_adapters.restore_loop import ask_of
+from contextrender.core import RESTORE_TOOL, InvalidRequest, UnknownResult, UnknownSession, content_text
+from contextrender.core import restore_tool as _schema
 
-__all__ = ["RESTORE_TOOL", "RestoreTool", "restore_tool", "restored_text"]
+__all__ = ["RESTORE_TOOL", "RestoreTool", "ask_of", "ask_of_call", "restore_tool", "restored_text", "tool_error"]
 
 log = logging.getLogger("contextrender.tools")
+
+
+def ask_of(given: Any) -> tuple[str, str] | None:
+    """What restore arguments (a parsed JSON object) ask for: `("handle", "r17")` (a handle wins),
+    `("query", "words")` (a search: the best matching handles), or None when they hold neither as
+    a non-empty string."""
+    if isinstance(given, dict):
+        for key in ("handle", "query"):
+            value = given.get(key)
+            if isinstance(value, str) and value.strip():
+                return (key, value.strip())
+    return None
+
+
+def ask_of_call(call: dict) -> tuple[str, str]:
+    """What a restore call asks for (`ask_of`); ValueError saying what to fix when the arguments are
+    not a JSON object with a string `handle` (or `query`)."""
+    arguments = (call.get("function") or {}).get("arguments") or ""
+    try:
+        parsed = json.loads(arguments)
+    except ValueError:
+        parsed = None
+    ask = ask_of(parsed)
+    if ask is None:
+        raise ValueError(f'the arguments must be a JSON object with a string "handle", such as {{"handle": "r17"}}, '
+                         f'or a "query" to search for one (got {arguments!r})')
+    return ask
+
+
+def tool_error(handle: str, problem: str) -> str:
+    """The tool answer the model gets when a restore fails: what went wrong, and that it can go on."""
+    return f"[ContextRender: could not restore {handle or 'that result'}: {problem}. Continue without it.]"
 
 
 def restored_text(restoration: Any) -> str:

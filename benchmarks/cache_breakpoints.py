@@ -36,8 +36,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from contextrender_adapters import Engine  # noqa: E402
-from contextrender_adapters.anthropic import FORMAT, breakpoints, to_messages  # noqa: E402
+from contextrender import Engine  # noqa: E402
+from contextrender.proxy.messages.wire import FORMAT, breakpoints, to_messages  # noqa: E402
 from engine.measure import get_tokenizer  # noqa: E402
 from tests.conftest import anthropic_conversation, load_traces  # noqa: E402
 

@@ -25,7 +25,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from contextrender_adapters import Engine  # noqa: E402
+from contextrender import Engine  # noqa: E402
 from engine.index import SESSION_CACHE  # noqa: E402
 
 SHARED = ROOT.parent / "shared" / "traces" / "mini_swe_agent_deepseek.jsonl"

@@ -19,8 +19,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from contextrender_adapters import Engine  # noqa: E402
-from contextrender_adapters.core import get_tokenizer  # noqa: E402
+from contextrender import Engine  # noqa: E402
+from contextrender.core import get_tokenizer  # noqa: E402
 from contextrender_eval.evaluate import age_bin, reuse_events, visible_results  # noqa: E402
 from contextrender_eval.replay import load_traces  # noqa: E402
 

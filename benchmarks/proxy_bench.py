@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/proxy_bench.py [--requests 60] [--results 150] [--budget 6000]
         [--protocol chat|anthropic|responses]
 
-Three processes on loopback: the fake upstream (`python -m contextrender_adapters.fakeupstream`,
+Three processes on loopback: the fake upstream (`python -m contextrender.testing.fake_upstream`,
 an instant canned answer: one tool call), the proxy as users start it (`contextrender proxy`, the
 engine in-process on a fresh store), and this client. The client plays an agent loop on a
 session that starts with `--results` real tool results from ../shared/traces (the first request
@@ -35,7 +35,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from engine_bench import history, trace_turns  # noqa: E402
 
-from contextrender_adapters.fakeupstream import free_port  # noqa: E402
+from contextrender.testing.fake_upstream import free_port  # noqa: E402
 from tests.conftest import anthropic_conversation, responses_input  # noqa: E402
 
 
@@ -127,11 +127,11 @@ def main() -> None:
     store = tempfile.mkdtemp(prefix="proxy-bench-")
     env = dict(os.environ, CONTEXTRENDER_STORE=store)
     upstream = subprocess.Popen(
-        [sys.executable, "-m", "contextrender_adapters.fakeupstream", "--port", str(upstream_port), "--tool", "bash"],
+        [sys.executable, "-m", "contextrender.testing.fake_upstream", "--port", str(upstream_port), "--tool", "bash"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
     )
     proxy = subprocess.Popen(
-        [sys.executable, "-m", "contextrender_adapters.cli", "proxy", "--upstream", f"{upstream_url}/v1",
+        [sys.executable, "-m", "contextrender.cli", "proxy", "--upstream", f"{upstream_url}/v1",
          "--budget", str(args.budget), "--port", str(proxy_port), "--selector", args.selector],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
     )

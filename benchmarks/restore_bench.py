@@ -37,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from engine_bench import history, trace_turns  # noqa: E402
 from proxy_bench import percentile, wait_up  # noqa: E402
 
-from contextrender_adapters.fakeupstream import FakeUpstream, free_port  # noqa: E402
+from contextrender.testing.fake_upstream import FakeUpstream, free_port  # noqa: E402
 
 
 def main() -> None:
@@ -55,7 +55,7 @@ def main() -> None:
     store = tempfile.mkdtemp(prefix="restore-bench-")
     with FakeUpstream() as upstream:
         proxy = subprocess.Popen(
-            [sys.executable, "-m", "contextrender_adapters.cli", "proxy", "--upstream", upstream.base_url,
+            [sys.executable, "-m", "contextrender.cli", "proxy", "--upstream", upstream.base_url,
              "--budget", str(args.budget), "--port", str(proxy_port)],
             env=dict(os.environ, CONTEXTRENDER_STORE=store), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
         )

@@ -43,7 +43,7 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "tests"))
 from proxy_bench import percentile, wait_up  # noqa: E402
 
-from contextrender_adapters.fakeupstream import free_port  # noqa: E402
+from contextrender.testing.fake_upstream import free_port  # noqa: E402
 
 TRACES = HERE.parent.parent / "shared" / "traces"
 PASSWORD = "scale-bench-password-1"
@@ -139,12 +139,12 @@ class Store:
 
 
 class Server:
-    """`jac start contextrender_server.jac` on a copy of the project, with a logged-in client."""
+    """`jac start contextrender.jac` on a copy of the project, with a logged-in client."""
 
     def __init__(self, workdir: Path, cache_mb: float) -> None:
         from jacserver import JacServer
 
-        from contextrender_adapters.client import Client
+        from contextrender.client import Client
 
         self.server = JacServer(workdir, CONTEXTRENDER_INDEX_CACHE_MB=str(cache_mb)).start()
         self.url = self.server.url
@@ -162,7 +162,7 @@ class Server:
         self.store = Store(db, json.loads(row[0])["root"])
 
     def new_client(self) -> Any:
-        from contextrender_adapters.client import Client
+        from contextrender.client import Client
 
         return Client(self.url, token=self.client.token)
 
@@ -182,11 +182,11 @@ class Proxy:
         self.url = f"http://127.0.0.1:{free_port()}"
         env = dict(os.environ, CONTEXTRENDER_STORE=str(store), CONTEXTRENDER_INDEX_CACHE_MB=str(cache_mb))
         self.upstream = subprocess.Popen(
-            [sys.executable, "-m", "contextrender_adapters.fakeupstream", "--port", self.upstream_url.rsplit(":", 1)[1],
+            [sys.executable, "-m", "contextrender.testing.fake_upstream", "--port", self.upstream_url.rsplit(":", 1)[1],
              "--tool", "get_reservation_details"], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
         )
         self.proxy = subprocess.Popen(
-            [sys.executable, "-m", "contextrender_adapters.cli", "proxy", "--upstream", f"{self.upstream_url}/v1",
+            [sys.executable, "-m", "contextrender.cli", "proxy", "--upstream", f"{self.upstream_url}/v1",
              "--budget", str(budget), "--port", self.url.rsplit(":", 1)[1]],
             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
         )
@@ -232,7 +232,7 @@ def timed_loop(render: Callable[[list[dict]], Any], turns: list[list[dict]]) -> 
 
 
 def latency(args: argparse.Namespace, engine_store: Path, server: Server | None, proxy: Proxy | None) -> None:
-    from contextrender_adapters import Engine
+    from contextrender import Engine
 
     engine = Engine(engine_store)
     local = Store(next((engine_store / ".jac" / "data").glob("*.db")))
@@ -258,7 +258,7 @@ def latency(args: argparse.Namespace, engine_store: Path, server: Server | None,
 
 MEMORY_SCRIPT = """
 import json, os, sys, time
-from contextrender_adapters import Engine
+from contextrender import Engine
 from engine.index import SESSION_CACHE
 store, sessions, budget = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 traces = [json.loads(line)["messages"] for line in open(sys.argv[4])]
@@ -354,7 +354,7 @@ def main() -> None:
     args.modes = set(args.modes.split(","))
     os.environ["CONTEXTRENDER_INDEX_CACHE_MB"] = str(args.cache_mb)
 
-    from contextrender_adapters import Engine
+    from contextrender import Engine
 
     work = Path(tempfile.mkdtemp(prefix="scale-bench-"))
     engine_store = work / "store"

@@ -28,8 +28,8 @@ from pathlib import Path
 
 import httpx
 
-from contextrender_adapters.fakeupstream import FakeUpstream
-from contextrender_adapters.loopback import free_port, stop_process
+from contextrender.testing.fake_upstream import FakeUpstream
+from contextrender.testing.loopback import free_port, stop_process
 
 Measure = Callable[[Path, str], float]
 

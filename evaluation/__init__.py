@@ -2,4 +2,4 @@
 through the engine (`replay`), the paper's measurements (`evaluate`: Later-Used Result Recall,
 the simulated prefix cache, equation 3), the sweep's report and figures (`sweep_report`), and the
 `contextrender replay` / `contextrender sweep` commands (`commands`). It uses the engine through
-`contextrender_adapters` like any other user."""
+`contextrender` like any other user."""

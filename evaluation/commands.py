@@ -98,7 +98,7 @@ def _plan(args: argparse.Namespace) -> tuple[list[str], dict[str, Any]] | None:
     """The selectors to replay (`full` added: the cost reference) and the render settings, each
     checked by the engine's own rules (unknown names, bad values, a summary selector without a
     model); None after printing what to fix."""
-    from contextrender_adapters.core import InvalidRequest, check_budget, render_settings
+    from contextrender.core import InvalidRequest, check_budget, render_settings
 
     selectors = args.selectors or list(registered_selectors())
     if "full" not in selectors:

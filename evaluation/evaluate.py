@@ -8,7 +8,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from contextrender_adapters.core import content_text, recall_tokens
+from contextrender.core import content_text, recall_tokens
 
 # Result-age bins of the paper's Table 2 (turns between a result's creation and its reuse).
 AGE_BINS: tuple[tuple[str, int, int], ...] = (

@@ -18,7 +18,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
-from contextrender_adapters.core import content_text
+from contextrender.core import content_text
 from contextrender_eval.evaluate import (
     AGE_BINS,
     Prices,
@@ -38,7 +38,7 @@ Variant = tuple[str, int]
 
 
 def registered_selectors() -> dict[str, Any]:
-    from contextrender_adapters.core import SELECTORS  # the engine's registry (slow import: lazily)
+    from contextrender.core import SELECTORS  # the engine's registry (slow import: lazily)
 
     return SELECTORS
 
@@ -82,8 +82,8 @@ class Replayer:
 
     def __init__(self, variants: list[Variant], *, settings: dict[str, Any] | None = None,
                  store: str | os.PathLike[str] | None = None, progress: bool = True, oracle: bool = False) -> None:
-        from contextrender_adapters.core import get_tokenizer
-        from contextrender_adapters.engine import Engine
+        from contextrender.core import get_tokenizer
+        from contextrender.local import Engine
 
         self.variants = variants
         self.settings = dict(settings or {})
@@ -111,7 +111,7 @@ class Replayer:
         return self.stats
 
     def replay_trace(self, trace: dict, bar: Any = None) -> None:
-        from contextrender_adapters.core import EMBED_CLIP, latest_exchange_text
+        from contextrender.core import EMBED_CLIP, latest_exchange_text
 
         messages = trace["messages"]
         key = f"{trace.get('dataset', '')}/{trace['id']}"
@@ -211,7 +211,7 @@ class Replayer:
         """One restore round as the proxy makes it: the model answers the rendered request with a
         restore call per result (output), the proxy restores them and asks again with the round
         appended (input: the rendered request, cached, plus the round)."""
-        from contextrender_adapters.core import RESTORE_TOOL
+        from contextrender.core import RESTORE_TOOL
 
         calls = [{"id": f"restore-{i}", "type": "function",
                   "function": {"name": RESTORE_TOOL, "arguments": json.dumps({"handle": handles[c]})}}

@@ -75,7 +75,7 @@ def align(originals: list[dict], rendered: list[dict]) -> list[Aligned]:
     original of its role. A user message found nowhere before anything else is the fold marker;
     one that opens with the fold index's heading is the index (sent apart, after the selected
     results of folded turns): both are notices the render wrote, with no original."""
-    from contextrender_adapters.core import FOLD_INDEX_HEADING, FOLD_INDEX_STORED_HEADING
+    from contextrender.core import FOLD_INDEX_HEADING, FOLD_INDEX_STORED_HEADING
 
     index_openings = (FOLD_INDEX_HEADING, FOLD_INDEX_STORED_HEADING)
     tool_at = {m.get("tool_call_id"): i for (i, m) in enumerate(originals) if m.get("role") == "tool"}

@@ -18,7 +18,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 FOLDERS = ("graph", "engine", "walkers", "adapters", "evaluation")
 # How the Python packages are imported (pyproject's package-dir).
-PACKAGES = {"contextrender_adapters": "adapters", "contextrender_eval": "evaluation"}
+PACKAGES = {"contextrender": "adapters", "contextrender_eval": "evaluation"}
 
 # Folders a folder's modules must not import (graph/ is the store of record: the archetypes).
 FORBIDDEN = {"graph": ("engine", "walkers")}
@@ -30,6 +30,7 @@ NOT_SOURCE = ("tests", ".venv", ".venv-mongo", ".venv-hermes", "node_modules", "
 
 _JAC_IMPORT = re.compile(r"^\s*import\s+from\s+([\w.]+)\s*\{", re.M)
 _JAC_PLAIN = re.compile(r"^\s*import\s+([\w.]+)\s*;", re.M)
+_TYPE_CHECKING = re.compile(r"^if TYPE_CHECKING:\n(?:[ \t]+.*\n|\n)+", re.M)
 _PY_IMPORT = re.compile(r"^\s*(?:from\s+([\w.]+)\s+import\s+\(?([\w, ]+)|import\s+([\w.]+))", re.M)
 
 # The path of one render (POST /walker/render_context), in order: (from, to, what happens).
@@ -50,7 +51,7 @@ RENDER_PATH = (
 def modules() -> dict[str, Path]:
     """Module name (folder/stem, folder/package/stem for a subpackage's modules, folder/package
     for its __init__; the entry module's stem) -> its declaration file."""
-    found = {"contextrender": ROOT / "contextrender_server.jac"}
+    found = {"contextrender": ROOT / "contextrender.jac"}
     for folder in FOLDERS:
         for path in sorted((ROOT / folder).rglob("*")):
             if path.suffix not in (".jac", ".py") or path.name.endswith(".impl.jac"):
@@ -80,6 +81,8 @@ def imports(known: dict[str, Path]) -> dict[str, set[str]]:
             text = source.read_text()
             dotted = _JAC_IMPORT.findall(text) + _JAC_PLAIN.findall(text)
             if source.suffix == ".py":
+                # Imports only a type checker runs (`if TYPE_CHECKING:` blocks) are no arrows.
+                text = _TYPE_CHECKING.sub("", text)
                 # `from package import module` imports the module too.
                 dotted = [m for a, names, b in _PY_IMPORT.findall(text)
                           for m in ([a] + [f"{a}.{n.strip()}" for n in names.split(",") if n.strip()] if a else [b])]
@@ -158,7 +161,7 @@ def dot(graph: dict[str, set[str]]) -> str:
             lines.append(f'  subgraph "cluster_{folder}" {{ label="{titles[folder]}"; style=rounded; color="#bbbbbb";')
             lines += [f'    "{n}" [label="{"/".join(n.split("/")[1:])}"];' for n in members]
             lines.append("  }")
-    lines.append('  "contextrender" [label="contextrender_server.jac\\n(jac start)", fillcolor="#eef5ff"];')
+    lines.append('  "contextrender" [label="contextrender.jac\\n(jac start)", fillcolor="#eef5ff"];')
     for source in sorted(graph):
         for target in sorted(graph[source]):
             lines.append(f'  "{source}" -> "{target}";')

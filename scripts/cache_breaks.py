@@ -56,7 +56,7 @@ def counting_cache(counts: Counter, heading: str) -> type:
 
 
 def main() -> None:
-    import contextrender_adapters.core  # noqa: F401 (makes the Jac modules importable)
+    import contextrender.core  # noqa: F401 (makes the Jac modules importable)
     from engine.notices import FOLD_INDEX_HEADING
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])

@@ -39,7 +39,7 @@ def _decision(d: object) -> list:
 
 
 def record(out: Path, limits: dict[str, int], settings: dict | None = None) -> None:
-    from contextrender_adapters import Engine
+    from contextrender import Engine
     from contextrender_eval.replay import assistant_turns
 
     root = Path(tempfile.mkdtemp(prefix="compare-renders-"))

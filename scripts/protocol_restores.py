@@ -1,5 +1,5 @@
 """One restore round on each protocol the proxy speaks, run for real on loopback: the proxy with an
-in-process engine in front of the fake upstream (adapters/fakeupstream.py, as a model that calls
+in-process engine in front of the fake upstream (adapters/testing/fake_upstream.py, as a model that calls
 the restore tool with the handle its stub names), driven by the real SDKs. Prints, per protocol,
 what the model is sent (a stub, the tool), what it calls, the round the proxy appends, and what
 the agent gets: the excerpts of docs/protocols.md.
@@ -19,9 +19,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import anthropic  # noqa: E402
 import openai  # noqa: E402
 
-from contextrender_adapters import Engine  # noqa: E402
-from contextrender_adapters.fakeupstream import FakeUpstream, LoopbackServer  # noqa: E402
-from contextrender_adapters.proxy import SESSION_HEADER, create_app  # noqa: E402
+from contextrender import Engine  # noqa: E402
+from contextrender.testing.fake_upstream import FakeUpstream, LoopbackServer  # noqa: E402
+from contextrender.proxy import SESSION_HEADER, create_app  # noqa: E402
 
 B = 2000
 SETTINGS = {"policy": "per-call", "prose_share": 1.0, "condense": False}

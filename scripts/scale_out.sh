@@ -134,7 +134,7 @@ import shutil, sys
 from pathlib import Path
 repo, workdir = Path(sys.argv[1]), Path(sys.argv[2])
 workdir.mkdir(parents=True)
-for name in ("contextrender_server.jac", "jac.toml", "graph", "engine", "walkers"):
+for name in ("contextrender.jac", "jac.toml", "graph", "engine", "walkers"):
     if (repo / name).is_dir():
         shutil.copytree(repo / name, workdir / name, ignore=shutil.ignore_patterns("__pycache__", ".jac"))
     else:
@@ -145,7 +145,7 @@ EOF
             cd "$workdir"
             export MONGODB_URI="$mongo_uri" REDIS_URL="$redis_url" CONTEXTRENDER_JWT_SECRET="$secret" \
                 CONTEXTRENDER_HOST=127.0.0.1 LITELLM_LOCAL_MODEL_COST_MAP=True
-            exec "$REPO/.venv/bin/jac" start contextrender_server.jac --no_client -p "$port" < /dev/null > server.log 2>&1
+            exec "$REPO/.venv/bin/jac" start contextrender.jac --no_client -p "$port" < /dev/null > server.log 2>&1
         ) &
         pids="${pids:+$pids,}$!"
         urls="${urls:+$urls,}http://127.0.0.1:$port"

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from contextrender_adapters import Engine
+from contextrender import Engine
 
 # The recorded traces the tests run on: a few whole traces that ship with the tests, with their
 # source and license (tests/fixtures/traces/README.md), so a fresh clone needs nothing beside it.
@@ -60,7 +60,7 @@ def load_traces(name: str, folder: Path = TRACES) -> list[dict]:
 @pytest.fixture
 def upstream():
     """A scripted fake OpenAI server on loopback that records what it receives."""
-    from contextrender_adapters.fakeupstream import FakeUpstream
+    from contextrender.testing.fake_upstream import FakeUpstream
 
     with FakeUpstream() as fake:
         yield fake
@@ -87,7 +87,7 @@ def anthropic_conversation(messages: list[dict], thinking: bool = True, parallel
     tenth has a redacted one too. `parallel` > 1 merges that many consecutive tool rounds into
     one turn of parallel calls, answered by one user turn of results plus a text block (as Claude
     Code sends them)."""
-    from contextrender_adapters.fakeupstream import signature
+    from contextrender.testing.fake_upstream import signature
 
     system: list[dict] = []
     turns: list[dict] = []
@@ -187,3 +187,24 @@ def scripted_tool_loop(upstream, prefix: str, text: Callable[[int], str | None],
         upstream.enqueue(content=text(turn), thinking=thinking(turn),
                          tool_calls=[call(call_id, "bash", {"command": f"cat file_{turn}.py"})])
         yield turn, call_id, bool(turn % 2)
+
+
+# ---------------------------------------------------------------- the suite's time, by module
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    """The time each test module took (setup, call and teardown of its tests; the slowest first),
+    so that a suite that grows toward CI's limit shows where the time goes."""
+    spent: dict[str, float] = {}
+    for reports in terminalreporter.stats.values():
+        for report in reports:
+            if hasattr(report, "duration") and getattr(report, "nodeid", ""):
+                module = report.nodeid.split("::")[0]
+                spent[module] = spent.get(module, 0.0) + report.duration
+    if not spent:
+        return
+    terminalreporter.section("time by module")
+    for (module, seconds) in sorted(spent.items(), key=lambda item: -item[1])[:15]:
+        terminalreporter.write_line(f"{seconds:8.1f} s  {module}")
+    terminalreporter.write_line(f"{sum(spent.values()):8.1f} s  all {len(spent)} modules")
+

@@ -1,4 +1,4 @@
-"""A real `jac start contextrender_server.jac` server for tests, on a copy of the project in a temp dir
+"""A real `jac start contextrender.jac` server for tests, on a copy of the project in a temp dir
 (its own store), on a free loopback port."""
 
 from __future__ import annotations
@@ -14,12 +14,12 @@ from pathlib import Path
 
 import httpx
 
-from contextrender_adapters.fakeupstream import free_port
-from contextrender_adapters.loopback import stop_process
+from contextrender.testing.fake_upstream import free_port
+from contextrender.testing.loopback import stop_process
 
 REPO = Path(__file__).resolve().parent.parent
 JAC = Path(sys.executable).parent / "jac"
-SERVED = ("contextrender_server.jac", "jac.toml", "graph", "engine", "walkers")
+SERVED = ("contextrender.jac", "jac.toml", "graph", "engine", "walkers")
 START_TIMEOUT = 240.0
 
 
@@ -43,7 +43,7 @@ class JacServer:
     def start(self) -> JacServer:
         log = open(self.log, "ab")
         self.process = subprocess.Popen(
-            [str(JAC), "start", "contextrender_server.jac", "--no_client", "-p", str(self.port)],
+            [str(JAC), "start", "contextrender.jac", "--no_client", "-p", str(self.port)],
             cwd=self.workdir, env=self.env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
         )
         deadline = time.monotonic() + START_TIMEOUT

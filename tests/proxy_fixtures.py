@@ -8,8 +8,8 @@ import json
 
 import pytest
 
-from contextrender_adapters.fakeupstream import LoopbackServer
-from contextrender_adapters.proxy import create_app
+from contextrender.testing.fake_upstream import LoopbackServer
+from contextrender.proxy import create_app
 
 
 def proxy_url_at(budget: int):

@@ -1,4 +1,4 @@
-"""adapters/access_table.py: `jac start` reads the walkers' access levels from jaclang's compile
+"""adapters/server/access_table.py: `jac start` reads the walkers' access levels from jaclang's compile
 cache; every route is served with the same login requirement and request fields as when jaclang
 compiles the entry module from source to read them (CONTEXTRENDER_ACCESS_FROM_CACHE=0)."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import httpx
 
-from contextrender_adapters import access_table
+from contextrender.server import access_table
 from jacserver import JacServer
 
 

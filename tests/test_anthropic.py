@@ -11,9 +11,9 @@ import anthropic
 import httpx
 import pytest
 
-from contextrender_adapters.anthropic import MAX_BREAKPOINTS, breakpoints, to_normal
-from contextrender_adapters.fakeupstream import LoopbackServer, free_port, signature
-from contextrender_adapters.proxy import BUDGET_HEADER, SELECTOR_HEADER, SESSION_HEADER, create_app
+from contextrender.proxy.messages.wire import MAX_BREAKPOINTS, breakpoints, to_normal
+from contextrender.testing.fake_upstream import LoopbackServer, free_port, signature
+from contextrender.proxy import BUDGET_HEADER, SELECTOR_HEADER, SESSION_HEADER, create_app
 from engine.errors import InvalidRequest
 from engine.measure import CALL_OVERHEAD, MESSAGE_OVERHEAD, PART_TOKENS, get_tokenizer
 from tests.conftest import anthropic_conversation, call, scripted_tool_loop, trace_prefix
@@ -89,7 +89,7 @@ def agents_tools(sent: dict) -> dict:
     """A forwarded request with the agent's tools only: the restore tool the proxy adds after them
     when the render left a result out is taken away (tests/test_anthropic_restore.py tests it), and
     no text names it where it is not offered."""
-    from contextrender_adapters.anthropic_restore import tool_definition
+    from contextrender.proxy.messages.restore import tool_definition
 
     return without_restore_tool(sent, tool_definition(), "messages")
 
@@ -434,7 +434,7 @@ def test_bad_blocks_are_refused_with_their_place():
 
 
 def test_thinking_is_counted_and_the_estimate_is_per_model_family():
-    from contextrender_adapters.proxy import model_encoding
+    from contextrender.proxy import model_encoding
 
     assert model_encoding("claude-opus-4-1") == model_encoding("anthropic/claude-3-5-haiku") == "claude"
     assert model_encoding("gpt-4.1") == model_encoding("o3") == "o200k_base"

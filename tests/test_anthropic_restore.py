@@ -1,4 +1,4 @@
-"""Restore rounds on Anthropic Messages (adapters/anthropic_restore.py) end to end: the pinned
+"""Restore rounds on Anthropic Messages (adapters/proxy/messages/restore.py) end to end: the pinned
 `anthropic` SDK through the proxy, the fake upstream as a model that calls the restore tool with
 the handle its stub names, plain and streamed."""
 
@@ -11,10 +11,10 @@ import anthropic
 import httpx
 import pytest
 
-from contextrender_adapters.anthropic_restore import tool_definition
-from contextrender_adapters.fakeupstream import LoopbackServer, named_handles, signature
-from contextrender_adapters.proxy import RESTORE_ROUNDS_HEADER, RESTORE_USAGE_HEADER, SESSION_HEADER, create_app
-from contextrender_adapters.restore_loop import RESTORE_TOOL
+from contextrender.proxy.messages.restore import tool_definition
+from contextrender.testing.fake_upstream import LoopbackServer, named_handles, signature
+from contextrender.proxy import RESTORE_ROUNDS_HEADER, RESTORE_USAGE_HEADER, SESSION_HEADER, create_app
+from contextrender.proxy.chat.restore import RESTORE_TOOL
 from tests.conftest import anthropic_conversation, call
 from tests.proxy_fixtures import proxy_url_at
 from tests.test_anthropic import sdk
@@ -175,7 +175,7 @@ def events_of(upstream, blocks: list[dict]) -> list[bytes]:
 
 
 def relayed(stream: list[bytes], may_restore: bool = True, step: int | None = None, carry: dict | None = None):
-    from contextrender_adapters.anthropic_restore import StreamRound
+    from contextrender.proxy.messages.restore import StreamRound
 
     reader = StreamRound(may_restore, {} if carry is None else carry)
     data = b"".join(stream)
@@ -185,7 +185,7 @@ def relayed(stream: list[bytes], may_restore: bool = True, step: int | None = No
 
 
 def read_back(out: list[bytes]) -> list[dict]:
-    from contextrender_adapters.anthropic_restore import MESSAGES_ROUNDS
+    from contextrender.proxy.messages.restore import MESSAGES_ROUNDS
 
     seen = MESSAGES_ROUNDS.fmt.reader()
     seen.feed(b"".join(out))

@@ -48,10 +48,10 @@ def test_graph_may_not_import_engine_or_walkers():
 def test_a_subpackage_module_is_found_and_its_imports_too(tmp_path, monkeypatch):
     architecture = load_script()
     (tmp_path / "adapters" / "proxy").mkdir(parents=True)
-    (tmp_path / "adapters" / "proxy" / "__init__.py").write_text("from contextrender_adapters.proxy.app import create_app\n")
-    (tmp_path / "adapters" / "proxy" / "app.py").write_text("from contextrender_adapters import core\n")
+    (tmp_path / "adapters" / "proxy" / "__init__.py").write_text("from contextrender.proxy.app import create_app\n")
+    (tmp_path / "adapters" / "proxy" / "app.py").write_text("from contextrender import core\n")
     (tmp_path / "adapters" / "core.py").write_text("")
-    (tmp_path / "contextrender_server.jac").write_text("")
+    (tmp_path / "contextrender.jac").write_text("")
     monkeypatch.setattr(architecture, "ROOT", tmp_path)
     found = architecture.imports(architecture.modules())
     assert found["adapters/proxy"] == {"adapters/proxy/app"} and found["adapters/proxy/app"] == {"adapters/core"}

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from contextrender_adapters.loopback import free_port
+from contextrender.testing.loopback import free_port
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 SECTION = "## A walkthrough, offline"

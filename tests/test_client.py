@@ -5,9 +5,9 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from contextrender_adapters.client import Client
-from contextrender_adapters.core import RenderResult, ResultDecision
-from contextrender_adapters import ContextRenderError, InvalidRequest, UnknownSession
+from contextrender.client import Client
+from contextrender.core import RenderResult, ResultDecision
+from contextrender import ContextRenderError, InvalidRequest, UnknownSession
 
 
 def answering(status: int, body: dict | str) -> Client:
@@ -64,8 +64,8 @@ def test_the_server_url_comes_from_the_environment(monkeypatch):
 
 
 def test_no_server_at_the_url_is_a_server_unavailable_naming_it():
-    from contextrender_adapters.client import ServerUnavailable
-    from contextrender_adapters.loopback import free_port
+    from contextrender.client import ServerUnavailable
+    from contextrender.testing.loopback import free_port
 
     url = f"http://127.0.0.1:{free_port()}"  # nothing listens there
     with pytest.raises(ServerUnavailable, match=f"no ContextRender server answers at {url}") as raised:
@@ -80,7 +80,7 @@ def test_a_server_that_never_answers_is_a_server_unavailable_after_the_timeout(m
     import socket
     import time
 
-    from contextrender_adapters.client import AsyncClient, ServerUnavailable
+    from contextrender.client import AsyncClient, ServerUnavailable
 
     held: list = []
     with socket.create_server(("127.0.0.1", 0)) as silent:

@@ -9,7 +9,7 @@ import json
 import pytest
 
 import engine.summaries as compact
-from contextrender_adapters.cli import main
+from contextrender.cli import main
 from contextrender_eval.replay import load_traces
 from tests.conftest import TRACES
 from tests.test_replay import hand_trace, row

@@ -10,20 +10,24 @@ from pathlib import Path
 
 import pytest
 
-from contextrender_adapters import core
+from contextrender import core
 
 REPO = Path(__file__).resolve().parent.parent
 PYTHON_LAYER = ("adapters", "evaluation")
 JAC_PACKAGES = {"graph", "walkers", "engine"}
 # Each folder of the Python layer by the package name it is installed as (pyproject.toml).
-PACKAGES = {"contextrender_adapters": "adapters", "contextrender_eval": "evaluation"}
+PACKAGES = {"contextrender": "adapters", "contextrender_eval": "evaluation"}
 
 
 def imported_modules(path: Path) -> set[str]:
     """Every module `path` imports, at its top or inside a function (`from package import
-    module` counts as importing the module too)."""
+    module` counts as importing the module too), but for what only a type checker imports (the
+    body of `if TYPE_CHECKING:`)."""
     modules: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    tree = ast.parse(path.read_text(), str(path))
+    for guarded in [n for n in ast.walk(tree) if isinstance(n, ast.If) and isinstance(n.test, ast.Name) and n.test.id == "TYPE_CHECKING"]:
+        guarded.body = []
+    for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             modules.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
@@ -65,7 +69,7 @@ def test_an_unknown_name_is_an_attribute_error():
 def test_a_name_loads_only_its_own_module():
     # content_text is graph/measure.jac: the walkers stay unloaded (the CLI starts without them).
     code = (
-        "import sys; from contextrender_adapters.core import content_text; "
+        "import sys; from contextrender.core import content_text; "
         "print(sorted(m for m in sys.modules if m.startswith('walkers')))"
     )
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
@@ -98,10 +102,10 @@ def test_the_python_layer_imports_in_no_loop():
         if name not in state:
             visit(name)
     # The check sees the imports it should: the proxy's command line reaches the engine.
-    assert "contextrender_adapters.engine" in graph["contextrender_adapters.proxy.command"]
+    assert "contextrender.local" in graph["contextrender.proxy.command"]
 
 
-@pytest.mark.parametrize("first", ["contextrender_adapters.proxy", "contextrender_eval.sweep_report"])
+@pytest.mark.parametrize("first", ["contextrender.proxy", "contextrender_eval.sweep_report"])
 def test_every_module_imports_in_a_fresh_interpreter(first):
     # `first` imported first: a loop would surface as a partially initialised module.
     names = [first] + [m for m in layer_modules() if m != first]

@@ -10,13 +10,16 @@ import inspect
 import json
 from pathlib import Path
 
+import subprocess
+import sys
+from functools import cache
+
 import httpx
 import pytest
-from jaclang.runtimelib.server import ModuleIntrospector
 
-from contextrender_adapters import AsyncClient, Client, Engine, InvalidRequest, Restoration, core
-from contextrender_adapters.core import IngestSummary, RenderConfig, RenderResult
-from contextrender_adapters.endpoints import ENDPOINTS
+from contextrender import AsyncClient, Client, Engine, InvalidRequest, Restoration, core
+from contextrender.core import IngestSummary, RenderConfig, RenderResult
+from contextrender.endpoints import ENDPOINTS
 from tests.conftest import assistant, call, tool, user
 
 REPO = Path(__file__).resolve().parent.parent
@@ -32,9 +35,29 @@ SAMPLES = {
 }
 
 
-def served_walkers() -> dict[str, type]:
-    """The walkers `jac start contextrender_server.jac` serves, found as jaclang's server finds them."""
-    return ModuleIntrospector(module_name="contextrender_server", base_path=str(REPO)).get_walkers()
+# In a process that imported jaclang first (as `jac start` does), `contextrender` is the entry module.
+SERVED = """
+import dataclasses, json, jaclang
+from jaclang.runtimelib.server import ModuleIntrospector
+introspector = ModuleIntrospector(module_name="contextrender", base_path=".")
+def default(f):
+    if f.default is not dataclasses.MISSING:
+        return f.default
+    return f.default_factory() if f.default_factory is not dataclasses.MISSING else "<required>"
+print(json.dumps({name: {"module": cls.__module__, "login": introspector.is_auth_required_for_walker(name),
+                         "fields": sorted(f.name for f in dataclasses.fields(cls) if not f.name.startswith("_") and f.name != "reports"),
+                         "defaults": {f.name: default(f) for f in dataclasses.fields(cls) if not f.name.startswith("_") and f.name != "reports"}}
+                  for (name, cls) in introspector.get_walkers().items()}, default=repr))
+"""
+
+
+@cache
+def served_walkers() -> dict[str, dict]:
+    """The walkers `jac start contextrender.jac` serves, found as jaclang's server finds them: each
+    one's module, whether it needs a login, and its request fields."""
+    done = subprocess.run([sys.executable, "-c", SERVED], cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def call_every_method(target: object) -> list:
@@ -54,28 +77,36 @@ def call_every_method(target: object) -> list:
 def test_the_table_is_what_the_server_serves():
     walkers = served_walkers()
     assert set(ENDPOINTS) == set(walkers)
-    for name, cls in walkers.items():
-        fields = {f.name for f in dataclasses.fields(cls) if not f.name.startswith("_") and f.name != "reports"}
-        assert set(ENDPOINTS[name].fields) == fields, name
+    for name, served in walkers.items():
+        assert set(ENDPOINTS[name].fields) == set(served["fields"]), name
         # core.py loads each walker from the module its row names.
-        assert cls.__module__ == ENDPOINTS[name].module, name
-        assert getattr(core, name) is cls, name
+        assert served["module"] == ENDPOINTS[name].module, name
+        assert getattr(core, name).__module__ == ENDPOINTS[name].module, name
+
+
+def test_a_methods_defaults_are_its_walkers_defaults():
+    # The method declares each field's default for the Python side; the walker declares it again
+    # for the server: the two agree (a field the method requires may still have a walker default).
+    for (name, served) in served_walkers().items():
+        spec = ENDPOINTS[name]
+        for (parameter, declared) in spec.signature.parameters.items():
+            if declared.kind is inspect.Parameter.VAR_KEYWORD or declared.default is inspect.Parameter.empty:
+                continue
+            assert served["defaults"][spec.renamed.get(parameter, parameter)] == declared.default, (name, parameter)
 
 
 def test_only_health_is_served_without_a_login():
-    introspector = ModuleIntrospector(module_name="contextrender_server", base_path=str(REPO))
-    introspector.get_walkers()
-    assert [name for name in ENDPOINTS if not introspector.is_auth_required_for_walker(name)] == ["health"]
+    assert [name for (name, served) in served_walkers().items() if not served["login"]] == ["health"]
 
 
 def test_the_entry_module_names_no_endpoint_but_the_one_served_without_a_login():
-    # A new endpoint is its walker and its row: contextrender_server.jac serves what
+    # A new endpoint is its walker and its row: contextrender.jac serves what
     # walkers/served.jac finds. It names `health` only so that jaclang reads its `walker:pub`.
     import re
 
     from walkers.served import endpoint_walkers
 
-    entry = (REPO / "contextrender_server.jac").read_text()
+    entry = (REPO / "contextrender.jac").read_text()
     named = {n.strip().split(" as ")[0] for names in re.findall(r"^import from walkers\.\w+ \{([^}]*)\}", entry, re.M)
              for n in names.split(",")}
     assert named == {"health", "endpoint_walkers"}
@@ -103,11 +134,11 @@ def test_a_new_endpoint_walker_is_found_and_a_pass_is_not(tmp_path, monkeypatch)
     assert list(found) == ["ping"] and found["ping"].__module__ == "more_walkers.ping"
 
 
-def test_core_loads_every_endpoint_walker_by_its_row():
+def test_core_loads_every_endpoint_walker_by_its_module():
     assert set(ENDPOINTS) <= set(core.__all__)
 
 
-def test_a_method_reads_as_its_row_says():
+def test_a_method_reads_as_it_is_declared():
     signature = inspect.signature(Client.render)
     assert list(signature.parameters)[:3] == ["self", "session_id", "messages"]
     assert signature.parameters["budget"].kind is inspect.Parameter.KEYWORD_ONLY
@@ -125,7 +156,7 @@ def test_a_method_reads_as_its_row_says():
     recording.ingest("s", [])
     assert sent[0] == ("render_context", {"session_id": "s", "messages": [], "budget": 900, "selector": "",
                                           "include_decisions": True, "params": {"verbosity": 2}})
-    # None, or nothing, sends the row's default, a fresh copy each call.
+    # None, or nothing, sends the declared default, a fresh copy each call.
     assert sent[1][1]["usage"] == {} and sent[1][1]["usage"] is not sent[2][1]["usage"]
     with pytest.raises(TypeError):
         recording.render("s")  # budget is required

@@ -9,12 +9,12 @@ import textwrap
 
 import pytest
 
-from contextrender_adapters import Engine, InvalidRequest
+from contextrender import Engine, InvalidRequest
 
 WRITER = textwrap.dedent(
     """
     import json, os, signal, sys
-    from contextrender_adapters import Engine
+    from contextrender import Engine
     engine = Engine(sys.argv[1])
     engine.ingest("s", json.loads(sys.argv[2]))
     engine.ingest("s", [{"role": "assistant", "content": "KEY_123456 found"}], append=True)

@@ -21,7 +21,7 @@ from contextrender_eval.evaluate import (
     reuse_events,
     visible_results,
 )
-from contextrender_adapters.core import get_tokenizer
+from contextrender.core import get_tokenizer
 from tests.conftest import assistant, call, tool, user
 
 TOK = get_tokenizer()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from contextrender_adapters.formats import EventReader, origins_of, plain, usage_counts
+from contextrender.proxy.formats import EventReader, origins_of, plain, usage_counts
 
 
 def test_events_come_whole_however_the_bytes_are_cut():

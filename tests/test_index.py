@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from contextrender_adapters import engine  # noqa: F401
+from contextrender import local as engine  # noqa: F401
 from engine.index import SessionIndex
 from tests.conftest import assistant, call, tool, user
 
@@ -152,7 +152,7 @@ def test_two_engines_on_copies_of_one_store_keep_apart(tmp_path, empty_cache):
     process-wide cache is keyed by the store as well as the session node)."""
     import shutil
 
-    from contextrender_adapters import Engine
+    from contextrender import Engine
 
     conversation = [user("find the order"), assistant(None, call("c1", "lookup", {"q": "order"})), tool("c1", "ORDER_0001 shipped")]
     original = Engine(tmp_path / "original")

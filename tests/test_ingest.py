@@ -7,8 +7,8 @@ import random
 
 import pytest
 
-from contextrender_adapters import InvalidRequest
-from contextrender_adapters.checks import pairing_problems
+from contextrender import InvalidRequest
+from contextrender.testing.checks import pairing_problems
 from tests.conftest import assistant, call, tool, user
 
 SYSTEM = {"role": "system", "content": "You answer order questions."}

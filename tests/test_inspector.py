@@ -1,4 +1,4 @@
-"""The session inspector (adapters/inspector.py, static/inspector.*, walkers/inspector.jac) in a
+"""The session inspector (adapters/inspector/routes.py, static/inspector.*, walkers/inspector.jac) in a
 real browser: Debian's headless Chromium, driven by Selenium through chromium-driver, loads the
 page from a real proxy (its engine in-process) and from a real `jac start` server behind a real
 proxy, after the fake upstream played a tool-using conversation through them (reads, a grep that
@@ -25,11 +25,11 @@ from pathlib import Path
 import httpx
 import pytest
 
-from contextrender_adapters.client import Client
-from contextrender_adapters.fakeupstream import FakeUpstream, LoopbackServer
-from contextrender_adapters.inspector import loopback_problem
-from contextrender_adapters.proxy import SESSION_HEADER, create_app
-from contextrender_adapters.restore_loop import RESTORE_TOOL
+from contextrender.client import Client
+from contextrender.testing.fake_upstream import FakeUpstream, LoopbackServer
+from contextrender.inspector.routes import loopback_problem
+from contextrender.proxy import SESSION_HEADER, create_app
+from contextrender.proxy.chat.restore import RESTORE_TOOL
 from tests.conftest import assistant, call, tool, user
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -380,7 +380,7 @@ def test_the_log_keeps_the_latest_renders_and_refuses_a_render_it_does_not_keep(
         engine.render("many", messages, budget=1000 + i)
     log = engine.inspect("many")["renders"]
     assert len(log) == RENDER_LOG and log[0]["n"] == 4 and log[-1]["n"] == RENDER_LOG + 3
-    from contextrender_adapters.core import InvalidRequest
+    from contextrender.core import InvalidRequest
 
     with pytest.raises(InvalidRequest, match=r"keeps no render #2 \(renders kept: 4 to"):
         engine.inspect("many", render=2)
@@ -408,7 +408,7 @@ def test_the_graph_picture_draws_the_chain_with_statuses_reuse_and_restores(engi
     assert svg.lstrip().startswith("<?xml") and "<svg" in svg and f">{omitted[0]} read_file</text>" in svg
     small = engine.export_graph("pic", format="dot", limit=3)["dot"]
     assert f"{len(messages) - 1 - 3} earlier events not drawn" in small and "#0 user" not in small
-    from contextrender_adapters.core import InvalidRequest
+    from contextrender.core import InvalidRequest
 
     with pytest.raises(InvalidRequest, match="json, dot, svg, jac-dot"):
         engine.export_graph("pic", format="png")
@@ -433,7 +433,7 @@ def test_the_log_is_stored_as_one_text_and_a_log_stored_as_a_list_is_kept(tmp_pa
     """A list of 100 dicts on the Session made every render 3 times slower (jaclang serialises
     a node field by field at each load and commit): the log is one JSON text. A session stored
     with the list shows it, and its next render moves it to the text."""
-    from contextrender_adapters import Engine
+    from contextrender import Engine
 
     store = tmp_path / "store"
     engine = Engine(store)
@@ -464,7 +464,7 @@ def test_the_log_text_is_written_from_its_kept_entries_and_read_again_when_anoth
     writing the whole log at every render cost half a millisecond at 100 entries): the stored
     text is still json.dumps of the entries, and a text some other process wrote (the index in
     this process's cache unchanged) is read again, not overwritten with the kept copy."""
-    from contextrender_adapters import Engine
+    from contextrender import Engine
     from walkers.renderlog import RENDER_LOG
 
     store = tmp_path / "store"

@@ -7,8 +7,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from contextrender_adapters.checks import pairing_problems
-from contextrender_adapters.fakeupstream import FakeUpstream
+from contextrender.testing.checks import pairing_problems
+from contextrender.testing.fake_upstream import FakeUpstream
 from engine.measure import get_tokenizer
 from tests.conftest import call
 from tests.proxy_fixtures import proxy_url_at
@@ -97,7 +97,7 @@ def test_align_tells_the_fold_index_apart_from_the_frameworks_messages():
     (engine/notices.jac marker_messages): aligned to no original, so the framework's next user
     message and the assistant's restore call keep theirs (a LangChain run sent a restore call as an
     empty user message when the index took the next user original's place)."""
-    from contextrender_adapters.core import FOLD_INDEX_HEADING
+    from contextrender.core import FOLD_INDEX_HEADING
     from contextrender_integrations.common import align
 
     originals = [

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from contextrender_adapters.checks import pairing_problems
-from contextrender_adapters.engine import Engine
-from contextrender_adapters.fakeupstream import FakeUpstream
-from contextrender_adapters.tools import RESTORE_TOOL
+from contextrender.testing.checks import pairing_problems
+from contextrender.local import Engine
+from contextrender.testing.fake_upstream import FakeUpstream
+from contextrender.tools import RESTORE_TOOL
 from tests.conftest import call
 from tests.hermes_venv import hermes_python
 from tests.integration_runs import HANDLE, TOK, history_of

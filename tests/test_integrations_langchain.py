@@ -15,10 +15,10 @@ from langchain_core.tools import tool as lc_tool
 from langchain_openai import ChatOpenAI
 from langgraph.checkpoint.memory import InMemorySaver
 
-from contextrender_adapters.checks import pairing_problems
-from contextrender_adapters.client import Client
-from contextrender_adapters.fakeupstream import free_port
-from contextrender_adapters.tools import RESTORE_TOOL, restored_text
+from contextrender.testing.checks import pairing_problems
+from contextrender.client import Client
+from contextrender.testing.fake_upstream import free_port
+from contextrender.tools import RESTORE_TOOL, restored_text
 from contextrender_integrations.langchain import ContextRenderMiddleware
 from tests.conftest import call
 from tests.integration_runs import BUDGET, HANDLE, READS, TOK, body, history_of, script_reads

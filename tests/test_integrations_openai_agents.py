@@ -11,10 +11,10 @@ import openai
 import pytest
 from agents import Agent, OpenAIResponsesModel, RunConfig, Runner, SQLiteSession, function_tool
 
-from contextrender_adapters.client import Client
-from contextrender_adapters.fakeupstream import free_port
-from contextrender_adapters.responses import to_normal
-from contextrender_adapters.tools import RESTORE_TOOL, restored_text
+from contextrender.client import Client
+from contextrender.testing.fake_upstream import free_port
+from contextrender.proxy.responses.wire import to_normal
+from contextrender.tools import RESTORE_TOOL, restored_text
 from contextrender_integrations.openai_agents import ContextRender
 from tests.conftest import call
 from tests.integration_runs import BUDGET, HANDLE, READS, TOK, body, script_reads

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from contextrender_adapters.checks import pairing_problems
-from contextrender_adapters.client import Client
-from contextrender_adapters.fakeupstream import free_port
+from contextrender.testing.checks import pairing_problems
+from contextrender.client import Client
+from contextrender.testing.fake_upstream import free_port
 from engine.measure import get_tokenizer
 from engine.notices import restore_tool
 from tests.npm_package import require_node, run_module
@@ -175,7 +175,7 @@ def test_from_chat_keeps_the_fold_index_apart_from_openclaws_messages():
     """The fold index is its own user message after the folded results kept (engine/notices.jac
     marker_messages): fromChat adds it as the render's own message, and the user's next message
     and the restore call after it keep their originals (it took the next user original's place)."""
-    from contextrender_adapters.core import FOLD_INDEX_HEADING, FOLD_INDEX_STORED_HEADING
+    from contextrender.core import FOLD_INDEX_HEADING, FOLD_INDEX_STORED_HEADING
 
     messages = transcript(2) + [
         {"role": "user", "content": "What was in f0?", "timestamp": 50},

@@ -22,8 +22,8 @@ from pathlib import Path
 import pytest
 
 from adapters.fakeupstream import FakeUpstream
-from contextrender_adapters.checks import pairing_problems
-from contextrender_adapters.client import Client
+from contextrender.testing.checks import pairing_problems
+from contextrender.client import Client
 from engine.measure import get_tokenizer
 from tests.openclaw_gateway import node_path, openclaw_command, openclaw_home
 

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from contextrender_adapters.checks import pairing_problems
-from contextrender_adapters.client import Client
-from contextrender_adapters.fakeupstream import free_port
+from contextrender.testing.checks import pairing_problems
+from contextrender.client import Client
+from contextrender.testing.fake_upstream import free_port
 from engine.measure import get_tokenizer
 from engine.notices import restore_tool
 from tests.npm_package import installed, run_module
@@ -214,7 +214,7 @@ def test_apply_render_keeps_the_fold_index_apart_from_opencodes_messages(package
     """The fold index is its own user message after the folded results kept (engine/notices.jac
     marker_messages): applyRender adds it as a synthetic message, and the user's next message keeps
     its original (it took that original's place before)."""
-    from contextrender_adapters.core import FOLD_INDEX_HEADING, FOLD_INDEX_STORED_HEADING
+    from contextrender.core import FOLD_INDEX_HEADING, FOLD_INDEX_STORED_HEADING
 
     messages = opencode_session(results=3, words=5)
     script = (f"import {{ ContextRender }} from {json.dumps(PLUGIN.as_uri())};"

@@ -22,8 +22,8 @@ from types import SimpleNamespace
 import pytest
 
 from adapters.fakeupstream import FakeUpstream, free_port, named_handles
-from contextrender_adapters.checks import pairing_problems
-from contextrender_adapters.client import Client
+from contextrender.testing.checks import pairing_problems
+from contextrender.client import Client
 from engine.measure import get_tokenizer
 from tests.integration_runs import history_of
 from tests.opencode_binary import ProxyTrap, binary, offline_env, plugin_dependencies

@@ -5,7 +5,7 @@ import os
 import numpy as np
 import pytest
 
-from contextrender_adapters import engine  # noqa: F401
+from contextrender import local as engine  # noqa: F401
 from engine.measure import cut_middle, get_embedder, get_tokenizer, pack_vector, unpack_vector
 from tests.conftest import assistant, call, in_new_process, tool, user
 

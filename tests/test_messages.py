@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 import engine.messages as messages_module
-from contextrender_adapters import InvalidRequest
+from contextrender import InvalidRequest
 from tests.conftest import assistant, call, tool, user
 
 # A system prompt, then one tool round and the answer.

@@ -11,10 +11,10 @@ import time
 import httpx
 import pytest
 
-from contextrender_adapters import UnknownSession
-from contextrender_adapters.checks import pairing_problems
-from contextrender_adapters.fakeupstream import FakeUpstream, LoopbackServer, free_port
-from contextrender_adapters.proxy import (
+from contextrender import UnknownSession
+from contextrender.testing.checks import pairing_problems
+from contextrender.testing.fake_upstream import FakeUpstream, LoopbackServer, free_port
+from contextrender.proxy import (
     BUDGET_HEADER, SELECTOR_HEADER, SESSION_HEADER, SESSION_NAME_HEADER, UNMANAGED_HEADER, create_app, derive_session, named_session,
 )
 from engine.measure import get_tokenizer
@@ -393,7 +393,7 @@ def test_the_command_runs_the_engine_in_process(tmp_path, upstream):
     """`contextrender proxy ...`: one command, nothing else to start."""
     port = free_port()
     env = dict(os.environ, CONTEXTRENDER_STORE=str(tmp_path / "store"))
-    command = [sys.executable, "-m", "contextrender_adapters.cli", "proxy", "--upstream", upstream.base_url,
+    command = [sys.executable, "-m", "contextrender.cli", "proxy", "--upstream", upstream.base_url,
                "--budget", str(BUDGET), "--port", str(port)]
     process = subprocess.Popen(command, env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
@@ -416,7 +416,7 @@ def test_the_command_runs_the_engine_in_process(tmp_path, upstream):
 
 def test_proxy_with_a_server_backend(jac_server, upstream):
     """`--server`: the proxy renders through a running `jac start` server with the client."""
-    from contextrender_adapters.client import Client
+    from contextrender.client import Client
 
     client = Client(jac_server.url)
     client.register("proxy-user", "secret-password-1")
@@ -440,7 +440,7 @@ def test_proxy_with_a_server_backend(jac_server, upstream):
 
 def test_a_non_ascii_session_name_round_trips_through_a_server_backend(jac_server, upstream):
     """`--server`: the name reaches the server as sent (UTF-8 in the JSON body) and comes back so."""
-    from contextrender_adapters.client import Client
+    from contextrender.client import Client
 
     client = Client(jac_server.url)
     client.register("proxy-utf8-user", "secret-password-1")
@@ -459,7 +459,7 @@ def test_a_non_ascii_session_name_round_trips_through_a_server_backend(jac_serve
 
 
 def test_the_command_refuses_an_unknown_selector_before_serving(tmp_path):
-    done = subprocess.run([sys.executable, "-m", "contextrender_adapters.cli", "proxy", "--upstream", "http://127.0.0.1:9",
+    done = subprocess.run([sys.executable, "-m", "contextrender.cli", "proxy", "--upstream", "http://127.0.0.1:9",
                            "--budget", "1000", "--port", str(free_port()), "--selector", "magic"],
                           cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert done.returncode != 0 and "unknown selector 'magic'" in done.stderr

@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from contextrender_adapters import Engine, InvalidRequest, HistoryConflict
-from contextrender_adapters.checks import pairing_problems
+from contextrender import Engine, InvalidRequest, HistoryConflict
+from contextrender.testing.checks import pairing_problems
 from engine.measure import get_tokenizer
 from tests.conftest import assistant, call, in_new_process, tool, user
 
@@ -369,7 +369,7 @@ def test_rendering_is_identical_after_a_restart(tmp_path):
     # A new process has no cached index: it rebuilds it (and TFA) from the stored graph.
     reader = (
         "import json, sys\n"
-        "from contextrender_adapters import Engine\n"
+        "from contextrender import Engine\n"
         "r = Engine(sys.argv[1]).render('s', budget=400, explain=True)\n"
         "print(json.dumps({'messages': r.messages, 'reuse': [d.reuse_count for d in r.decisions]}))\n"
     )
@@ -495,7 +495,7 @@ def test_explain_and_last_render_are_the_same_after_a_restart(tmp_path):
     explained, last = _explained(restarted, "s")
     script = (
         "import dataclasses, json, sys\n"
-        "from contextrender_adapters import Engine\n"
+        "from contextrender import Engine\n"
         "engine = Engine(sys.argv[1])\n"
         "r = dataclasses.asdict(engine.explain('s'))\n"
         "r['decisions'] = [{k: v for (k, v) in d.items() if not k.startswith('_jac')} for d in r['decisions']]\n"

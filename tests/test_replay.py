@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from contextrender_adapters.core import get_tokenizer
+from contextrender.core import get_tokenizer
 from contextrender_eval.replay import Replayer, summarise
 from tests.conftest import assistant, call, tool, user
 from tests.test_render import PAPER, filler

@@ -11,9 +11,9 @@ import httpx
 import openai
 import pytest
 
-from contextrender_adapters.fakeupstream import LoopbackServer
-from contextrender_adapters.proxy import BUDGET_HEADER, SELECTOR_HEADER, SESSION_HEADER, UNMANAGED_HEADER, create_app
-from contextrender_adapters.responses import to_normal
+from contextrender.testing.fake_upstream import LoopbackServer
+from contextrender.proxy import BUDGET_HEADER, SELECTOR_HEADER, SESSION_HEADER, UNMANAGED_HEADER, create_app
+from contextrender.proxy.responses.wire import to_normal
 from engine.measure import CALL_OVERHEAD, MESSAGE_OVERHEAD, PART_TOKENS, get_tokenizer
 from tests.conftest import call, responses_input, scripted_tool_loop, trace_prefix
 from tests.proxy_fixtures import proxy_url_at, without_restore_tool
@@ -61,7 +61,7 @@ def agents_tools(sent: dict) -> dict:
     """A forwarded request with the agent's tools only: the restore tool the proxy adds after them
     when the render left a result out is taken away (tests/test_responses_restore.py tests it), and
     no text names it where it is not offered."""
-    from contextrender_adapters.responses_restore import tool_definition
+    from contextrender.proxy.responses.restore import tool_definition
 
     return without_restore_tool(sent, tool_definition(), "input")
 

@@ -1,4 +1,4 @@
-"""Restore rounds on OpenAI Responses (adapters/responses_restore.py) end to end: an OpenAI Agents
+"""Restore rounds on OpenAI Responses (adapters/proxy/responses/restore.py) end to end: an OpenAI Agents
 SDK run and the `openai` SDK through the proxy, the fake upstream as a model that calls the
 restore tool with the handle its stub names, plain and streamed."""
 
@@ -11,10 +11,10 @@ import httpx
 import openai
 import pytest
 
-from contextrender_adapters.fakeupstream import LoopbackServer, named_handles
-from contextrender_adapters.proxy import RESTORE_ROUNDS_HEADER, SESSION_HEADER, create_app
-from contextrender_adapters.responses_restore import tool_definition
-from contextrender_adapters.restore_loop import RESTORE_TOOL
+from contextrender.testing.fake_upstream import LoopbackServer, named_handles
+from contextrender.proxy import RESTORE_ROUNDS_HEADER, SESSION_HEADER, create_app
+from contextrender.proxy.responses.restore import tool_definition
+from contextrender.proxy.chat.restore import RESTORE_TOOL
 from tests.conftest import call, responses_input
 from tests.proxy_fixtures import proxy_url_at
 from tests.test_proxy import conversation
@@ -140,8 +140,8 @@ def test_the_restore_tool_is_named_only_where_it_is_offered(engine, upstream, op
 
 
 def test_an_agent_call_first_is_relayed_without_the_restore_call(upstream):
-    from contextrender_adapters.fakeupstream import _Script
-    from contextrender_adapters.responses_restore import StreamRound
+    from contextrender.testing.fake_upstream import _Script
+    from contextrender.proxy.responses.restore import StreamRound
 
     calls = [call("call_a", "read_file", {"path": "a"}), call("call_r", RESTORE_TOOL, {"handle": "r1"}), call("call_b", "read_file", {"path": "b"})]
     response = upstream._response(1, _Script(content=None, tool_calls=calls, thinking="Two files."), {"model": MODEL}, 400)

@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from contextrender_adapters import Engine, InvalidRequest, Restoration, UnknownResult, UnknownSession
-from contextrender_adapters.checks import pairing_problems
-from contextrender_adapters.client import AsyncClient, Client
+from contextrender import Engine, InvalidRequest, Restoration, UnknownResult, UnknownSession
+from contextrender.testing.checks import pairing_problems
+from contextrender.client import AsyncClient, Client
 from engine.measure import get_tokenizer
 from engine.notices import RESTORE_TOOL
 from tests.conftest import assistant, call, in_new_process, tool, user
@@ -213,7 +213,7 @@ def test_restores_are_counted_again_after_a_restart(tmp_path):
     engine.render("s", messages, budget=BUDGET, **PAPER)
     engine.restore("s", "r7")
     script = (
-        "import sys, json; from contextrender_adapters import Engine; from tests.test_selectors import session; "
+        "import sys, json; from contextrender import Engine; from tests.test_selectors import session; "
         "e = Engine(sys.argv[1]); r = e.render('s', session(size=40), budget=1100, explain=True, policy='per-call', prose_share=1.0, condense=False); "
         "print(json.dumps([[d.handle, d.status, d.restores] for d in r.decisions if d.handle == 'r7']))"
     )
@@ -234,7 +234,7 @@ def test_results_stored_before_handles_existed_get_derived_ones(tmp_path):
                 del stored["archetype"][field]
             db.execute("UPDATE anchors SET data = ?, fingerprint = 'before-handles' WHERE id = ?", (json.dumps(stored), anchor_id))
     script = (
-        "import sys, json; from contextrender_adapters import Engine; from tests.test_selectors import session; "
+        "import sys, json; from contextrender import Engine; from tests.test_selectors import session; "
         "from tests.conftest import assistant, call, tool, user; "
         "e = Engine(sys.argv[1]); m = session(size=40); "
         "m = m[:-1] + [assistant(None, call('c10', 'read', {})), tool('c10', 'NEW_RESULT_1 ' * 50), user('go')]; "

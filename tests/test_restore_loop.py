@@ -1,4 +1,4 @@
-"""The proxy's restore loop (adapters/restore_loop.py, proxy/restores.py) over real HTTP on loopback: a
+"""The proxy's restore loop (adapters/proxy/chat/restore.py, proxy/restores.py) over real HTTP on loopback: a
 scripted fake upstream asks for handles named in stubs, and the agent (the `openai` SDK) gets one
 ordinary answer, streamed or not."""
 
@@ -10,9 +10,9 @@ import httpx
 import openai
 import pytest
 
-from contextrender_adapters.fakeupstream import LoopbackServer
-from contextrender_adapters.proxy import RESTORE_ROUNDS_HEADER, RESTORE_USAGE_HEADER, SESSION_HEADER, create_app
-from contextrender_adapters.restore_loop import RESTORE_TOOL, StreamRound
+from contextrender.testing.fake_upstream import LoopbackServer
+from contextrender.proxy import RESTORE_ROUNDS_HEADER, RESTORE_USAGE_HEADER, SESSION_HEADER, create_app
+from contextrender.proxy.chat.restore import RESTORE_TOOL, StreamRound
 from engine.notices import FOLD_INDEX_HEADING, restore_tool
 from tests.conftest import assistant, call, tool, user
 from tests.test_proxy import TOOLS, conversation, proxy, wait_for_events  # noqa: F401 (fixture)
@@ -161,9 +161,9 @@ def test_a_query_call_is_answered_with_matching_handles_then_restored_by_handle(
 
 
 def test_every_protocol_reads_a_handle_or_a_query_from_a_restore_call():
-    from contextrender_adapters.anthropic_restore import MESSAGES_ROUNDS
-    from contextrender_adapters.responses_restore import RESPONSES_ROUNDS
-    from contextrender_adapters.restore_loop import CHAT_ROUNDS
+    from contextrender.proxy.messages.restore import MESSAGES_ROUNDS
+    from contextrender.proxy.responses.restore import RESPONSES_ROUNDS
+    from contextrender.proxy.chat.restore import CHAT_ROUNDS
 
     def shapes(arguments: dict) -> list:
         return [(CHAT_ROUNDS, call("c", RESTORE_TOOL, arguments)), (MESSAGES_ROUNDS, {"type": "tool_use", "input": arguments}),
@@ -240,7 +240,7 @@ def test_after_the_last_round_the_tool_is_withdrawn(engine, upstream, proxy):
 
 
 def derive(messages: list[dict]) -> str:
-    from contextrender_adapters.proxy import derive_session
+    from contextrender.proxy import derive_session
 
     return derive_session(messages)
 
@@ -406,7 +406,7 @@ def test_crlf_separated_events_are_read_too():
 
 def test_restore_rounds_with_a_server_backend(jac_server, upstream):
     """`--server`: the round's restore goes through the client to a running `jac start` server."""
-    from contextrender_adapters.client import Client
+    from contextrender.client import Client
 
     client = Client(jac_server.url)
     client.register("restore-proxy-user", "secret-password-1")

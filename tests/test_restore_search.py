@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from contextrender_adapters import Engine, InvalidRequest, UnknownSession
+from contextrender import Engine, InvalidRequest, UnknownSession
 from tests.conftest import assistant, call, tool, user
 from tests.test_restore import graph_state
 

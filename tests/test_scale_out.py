@@ -1,7 +1,7 @@
 """Two `jac start` processes on one MongoDB-protocol store (the mongoeco stand-in) and one Redis,
 started by scripts/scale_out.sh: renders identical across processes, no acknowledged event lost
 under cross-process writers or a kill -9, the Redis leases themselves, and the single-process
-path untouched without Redis (adapters/distributed.py, docs/scale-out.md).
+path untouched without Redis (adapters/server/distributed.py, docs/scale-out.md).
 
 The script installs what it needs (redis-server with apt as root, mongoeco in .venv-mongo with
 Python 3.13): on a machine where it cannot, these tests fail with its message."""
@@ -27,7 +27,7 @@ import pytest
 
 from cluster import REPO, Cluster
 from conftest import assistant, call, tool, user
-from contextrender_adapters.client import Client
+from contextrender.client import Client
 
 PASSWORD = "secret-password-1"
 LEASE = 3.0
@@ -204,7 +204,7 @@ def test_three_writers_over_two_processes_lose_no_acknowledged_event(cluster):
 
 HOLD = """
 import asyncio, sys
-from contextrender_adapters.distributed import RedisLeases
+from contextrender.server.distributed import RedisLeases
 async def main():
     leases = RedisLeases(sys.argv[1], lease=float(sys.argv[3]), wait=5)
     async with leases.hold(sys.argv[2]):
@@ -215,7 +215,7 @@ asyncio.run(main())
 
 
 def test_a_lease_is_renewed_while_held_and_freed_by_a_kill_9(cluster):
-    from contextrender_adapters.distributed import LeaseUnavailable, RedisLeases
+    from contextrender.server.distributed import LeaseUnavailable, RedisLeases
 
     key = f"contextrender:test:{uuid.uuid4().hex}"
     holder = subprocess.Popen([sys.executable, "-c", HOLD, cluster.redis_url, key, "1.0"], cwd=REPO,
@@ -248,7 +248,7 @@ def test_a_lease_is_renewed_while_held_and_freed_by_a_kill_9(cluster):
 def test_a_lease_is_released_only_by_its_holder(cluster):
     import redis
 
-    from contextrender_adapters.distributed import RedisLeases
+    from contextrender.server.distributed import RedisLeases
 
     key = f"contextrender:test:{uuid.uuid4().hex}"
     store = redis.Redis.from_url(cluster.redis_url)
@@ -270,7 +270,8 @@ def test_a_lease_is_released_only_by_its_holder(cluster):
 def test_without_redis_nothing_is_installed_and_nothing_is_stamped(monkeypatch, tmp_path):
     from starlette.applications import Starlette
 
-    from contextrender_adapters import Engine, distributed
+    from contextrender import Engine
+    from contextrender.server import distributed
 
     monkeypatch.delenv("REDIS_URL", raising=False)
     monkeypatch.delenv("CONTEXTRENDER_SESSION_STAMPS", raising=False)
@@ -294,7 +295,7 @@ def test_without_redis_nothing_is_installed_and_nothing_is_stamped(monkeypatch, 
 def test_with_redis_the_leases_are_installed_inside_the_request_guard(monkeypatch, cluster):
     from starlette.applications import Starlette
 
-    from contextrender_adapters import distributed
+    from contextrender.server import distributed
 
     monkeypatch.setenv("REDIS_URL", cluster.redis_url)
     monkeypatch.delenv("CONTEXTRENDER_SESSION_STAMPS", raising=False)
@@ -314,7 +315,7 @@ def test_a_process_killed_between_the_store_and_the_cache_leaves_no_fork(cluster
     histories, every answer a 200.)"""
     import redis
 
-    from contextrender_adapters.distributed import session_key
+    from contextrender.server.distributed import session_key
 
     a, b, _ = clients(cluster)
     for k in range(3):
@@ -352,6 +353,7 @@ def test_kill_9_of_one_process_mid_write_loses_nothing_acknowledged(cluster):
     answers: dict[str, int] = {}
     guard = threading.Lock()
     stop = threading.Event()
+    acknowledged_by: dict[str, int] = {}
 
     def writer(url: str, name: str) -> None:
         with httpx.Client(timeout=120) as http:
@@ -372,6 +374,7 @@ def test_kill_9_of_one_process_mid_write_loses_nothing_acknowledged(cluster):
                     answers[str(response.status_code)] = answers.get(str(response.status_code), 0) + 1
                     if response.status_code == 200:
                         acknowledged.append(message)
+                        acknowledged_by[url] = acknowledged_by.get(url, 0) + 1
 
     threads = [threading.Thread(target=writer, args=(url, f"w{i}")) for (i, url) in enumerate(cluster.urls * 2)]
     for thread in threads:
@@ -379,8 +382,12 @@ def test_kill_9_of_one_process_mid_write_loses_nothing_acknowledged(cluster):
     deadline = time.monotonic() + 120
     while len(acknowledged) < 12 and time.monotonic() < deadline:
         time.sleep(0.05)
+    with guard:
+        killed_at = len(acknowledged)
+        by_killed = acknowledged_by.get(cluster.urls[1], 0)
+    # The kill comes after acknowledged writes, some of them by the process that is killed.
+    assert killed_at >= 12 and by_killed >= 1, (answers, acknowledged_by)
     cluster.kill(1)
-    killed_at = len(acknowledged)
     # The first process goes on.
     while len(acknowledged) < killed_at + 8 and time.monotonic() < deadline:
         time.sleep(0.05)

@@ -21,12 +21,12 @@ import httpx
 import pytest
 
 from conftest import assistant, call, tool, user
-from contextrender_adapters.checks import pairing_problems
-from contextrender_adapters.client import Client
-from contextrender_adapters.fakeupstream import LoopbackServer
-from contextrender_adapters.locks import KeyedLocks
-from contextrender_adapters.proxy import SESSION_HEADER, STATUS_HEADER, create_app
-from contextrender_adapters.server import (
+from contextrender.testing.checks import pairing_problems
+from contextrender.client import Client
+from contextrender.testing.fake_upstream import LoopbackServer
+from contextrender.locks import KeyedLocks
+from contextrender.proxy import SESSION_HEADER, STATUS_HEADER, create_app
+from contextrender.server.app import (
     PUBLIC_DEFAULT_SECRET, admin_password, check_jwt_secret, map_walker_error, strength_problem,
 )
 from engine.measure import get_tokenizer
@@ -160,7 +160,7 @@ def test_weak_secrets_are_refused(monkeypatch):
 def test_the_server_refuses_to_start_with_a_weak_admin_password(tmp_path):
     # As it does for a weak JWT secret (the same check, tested above without a server start).
     server = JacServer(tmp_path / "weak", CONTEXTRENDER_ADMIN_PASSWORD="changeme")
-    done = subprocess.run([str(JAC), "start", "contextrender_server.jac", "--no_client", "-p", str(server.port)],
+    done = subprocess.run([str(JAC), "start", "contextrender.jac", "--no_client", "-p", str(server.port)],
                           cwd=server.workdir, env=server.env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=300)
     output = done.stdout + done.stderr
     assert done.returncode != 0 and "CONTEXTRENDER_ADMIN_PASSWORD is a well-known default" in output, output[-2000:]
@@ -574,7 +574,7 @@ def test_proxy_answers_504_when_the_upstream_hangs(engine, monkeypatch):
         assert time.monotonic() - started < 30
     finally:
         upstream.close()
-    from contextrender_adapters.cli import build_parser
+    from contextrender.cli import build_parser
 
     args = build_parser().parse_args(["proxy", "--upstream", "u", "--budget", "100", "--port", "1", "--upstream-timeout", "5"])
     assert args.upstream_timeout == 5.0

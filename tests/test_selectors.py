@@ -15,8 +15,8 @@ import pytest
 from byllm.lib import MockLLM
 
 import engine.summaries as compact
-from contextrender_adapters import InvalidRequest, RenderConfig
-from contextrender_adapters.checks import pairing_problems
+from contextrender import InvalidRequest, RenderConfig
+from contextrender.testing.checks import pairing_problems
 from engine.measure import get_tokenizer
 from tests.conftest import assistant, call, in_new_process, tool, user
 from tests.test_render import PAPER, filler
@@ -92,8 +92,8 @@ glob SELECTORS: list[Selector] = [OldestFirst(name="oldest-first", description="
 def test_a_new_selector_is_one_file_selectable_by_name(tmp_path):
     (tmp_path / "oldest_first_selector.jac").write_text(THROWAWAY)
     script = (
-        "import sys, json; from contextrender_adapters import Engine; "
-        "from contextrender_adapters.core import SELECTORS, render_settings; from tests.test_selectors import session; "
+        "import sys, json; from contextrender import Engine; "
+        "from contextrender.core import SELECTORS, render_settings; from tests.test_selectors import session; "
         "assert render_settings({'selector': 'oldest-first'}).selector == 'oldest-first'; "
         "e = Engine(sys.argv[1]); "
         "runs = {s: e.render(s, session(), budget=2500, selector=s, omitted='drop', explain=True) for s in ('oldest-first', 'prune')}; "
@@ -302,7 +302,7 @@ def test_summaries_stored_before_they_moved_to_graph_still_load(tmp_path):
     """SummaryNote and Summarised were declared in walkers.selectors; stores name them so."""
     import sqlite3
 
-    from contextrender_adapters import Engine
+    from contextrender import Engine
 
     messages = session()
     Engine(tmp_path).render("s", messages, budget=700, selector="compact", summariser="offline")
@@ -318,7 +318,7 @@ def test_summaries_stored_before_they_moved_to_graph_still_load(tmp_path):
             assert moved == 1
     # A new process, as after an upgrade: it finds the stored summary and can delete the session.
     script = (
-        "import sys, json; from contextrender_adapters import Engine; from tests.test_selectors import session; "
+        "import sys, json; from contextrender import Engine; from tests.test_selectors import session; "
         "e = Engine(sys.argv[1]); "
         "r = e.render('s', session(), budget=700, selector='compact', summariser='offline'); "
         "print(json.dumps([r.summary_calls, e.delete_session('s')['deleted']]))"

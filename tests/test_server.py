@@ -13,10 +13,10 @@ import httpx
 import pytest
 
 from conftest import assistant, call, tool, user
-from contextrender_adapters.checks import pairing_problems
-from contextrender_adapters.client import AsyncClient, Client
-from contextrender_adapters import ContextRenderError, HistoryConflict, InvalidRequest, UnknownSession
-from contextrender_adapters.core import IngestSummary, RenderResult, ResultDecision
+from contextrender.testing.checks import pairing_problems
+from contextrender.client import AsyncClient, Client
+from contextrender import ContextRenderError, HistoryConflict, InvalidRequest, UnknownSession
+from contextrender.core import IngestSummary, RenderResult, ResultDecision
 from jacserver import JAC, REPO, JacServer
 from engine.measure import get_tokenizer
 
@@ -213,7 +213,7 @@ def test_jac_dot_draws_the_session_graph(jac_server, alice, tmp_path):
     alice.ingest("drawn", conversation(5))
     session_id = next(n["id"] for n in alice.export_graph("drawn")["nodes"] if n["kind"] == "Session")
     out = tmp_path / "graph.dot"
-    done = subprocess.run([str(JAC), "dot", "contextrender_server.jac", "-i", f"session_node('{session_id}')", "-o", str(out)],
+    done = subprocess.run([str(JAC), "dot", "contextrender.jac", "-i", f"session_node('{session_id}')", "-o", str(out)],
                           cwd=jac_server.workdir, env=jac_server.env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     dot = out.read_text()
@@ -241,7 +241,7 @@ def test_acknowledged_writes_survive_kill_9(tmp_path):
 
 
 def test_the_status_comes_from_the_exception_that_ended_the_walker():
-    from contextrender_adapters.server import map_walker_error
+    from contextrender.server.app import map_walker_error
 
     def status(details: str) -> int:
         return map_walker_error({"error": {"message": "m", "details": details}})[0]
@@ -254,16 +254,6 @@ def test_the_status_comes_from_the_exception_that_ended_the_walker():
                + frames + "sqlite3.OperationalError: database is locked")
     assert status(chained) == 500
     assert status(frames + "KeyError: 'x'") == 500
-
-
-def test_jaclang_loads_the_server_plugin_from_its_entry_point():
-    # A fresh interpreter that imports only jaclang (as `jac start` does): the entry point in
-    # pyproject.toml registers the plugin, after jac-scale's, so its server class answers.
-    code = ("import jaclang; from jaclang.jac0core.runtime import plugin_manager; "
-            "print(plugin_manager.hook.get_api_server_class().__name__)")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert done.stdout.strip() == "ContextRenderServer"
-    assert "contextrender_adapters" not in (REPO / "contextrender_server.jac").read_text()
 
 
 def test_a_weak_jwt_secret_stops_the_server(tmp_path):

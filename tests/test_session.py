@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from contextrender_adapters import Engine, UnknownSession
+from contextrender import Engine, UnknownSession
 from tests.conftest import assistant, call, tool, user
 
 

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from contextrender_adapters import Engine
+from contextrender import Engine
 from engine.measure import get_tokenizer
 from tests.conftest import assistant, call, tool, user
 from tests.test_render import assert_sound, filler, history_of
@@ -155,7 +155,7 @@ def test_epoch_state_survives_a_restart(tmp_path):
         assert engine.render("s", messages[:turns[k]], budget=budget).messages == reference[k].messages
     script = (
         "import json, sys\n"
-        "from contextrender_adapters import Engine\n"
+        "from contextrender import Engine\n"
         "messages = json.loads(sys.argv[2])\n"
         "r = Engine(sys.argv[1]).render('s', messages, budget=int(sys.argv[3]))\n"
         "print(json.dumps({'messages': r.messages, 'mode': r.mode}))\n"
@@ -263,7 +263,7 @@ def test_condensed_prose_keeps_the_values_results_introduced(engine):
 @pytest.mark.parametrize("name, value", [("policy", "sometimes"), ("headroom", 1.0), ("headroom", -0.1),
                                          ("prose_share", 0.0), ("stickiness", -1.0), ("cache_value", -2.0)])
 def test_bad_policy_settings_are_rejected(engine, name, value):
-    from contextrender_adapters import InvalidRequest
+    from contextrender import InvalidRequest
 
     with pytest.raises(InvalidRequest, match=name):
         engine.render("s", [user("hi")], budget=500, **{name: value})

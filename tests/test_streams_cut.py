@@ -7,7 +7,7 @@ connection as the upstream did. A cut answer is never stored."""
 from __future__ import annotations
 
 import asyncio
-import time
+import threading
 import zlib
 
 import anthropic
@@ -17,8 +17,8 @@ import pytest
 from fastapi import FastAPI, Request
 from fastapi.responses import Response, StreamingResponse
 
-from contextrender_adapters.fakeupstream import LoopbackServer
-from contextrender_adapters.proxy import SESSION_HEADER, create_app
+from contextrender.testing.fake_upstream import LoopbackServer
+from contextrender.proxy import SESSION_HEADER, create_app
 from tests.conftest import anthropic_conversation, responses_input, user
 from tests.test_proxy import BUDGET, SYSTEM, TOOLS, conversation
 
@@ -80,7 +80,8 @@ def cut_proxy(engine, upstream):
     def start(keep: int = 5, how: str = "end", gzip: bool = False) -> str:
         cutter = CuttingUpstream(upstream, keep, how, gzip)
         servers.append(LoopbackServer(cutter.app).__enter__())
-        proxy = LoopbackServer(create_app(engine, servers[-1].url + "/v1", BUDGET))
+        start.finished = Finished(create_app(engine, servers[-1].url + "/v1", BUDGET))
+        proxy = LoopbackServer(start.finished)
         servers.append(proxy.__enter__())
         return proxy.url
 
@@ -96,9 +97,33 @@ def _history(omitted: bool) -> list[dict]:
     return [SYSTEM, user("Say hello.")]
 
 
-def _not_stored(engine, session: str) -> None:
-    """The session holds the request's history, and no part of the cut answer."""
-    time.sleep(0.3)  # an answer is ingested after the response: give a wrong one time to land
+class Finished:
+    """The proxy's ASGI app, counting the HTTP requests it has finished: a request is finished once
+    its response was sent and its background tasks (an answer's ingestion) ran."""
+
+    def __init__(self, app) -> None:
+        self.app = app
+        self.count = 0
+        self.changed = threading.Condition()
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            if scope["type"] == "http":
+                with self.changed:
+                    self.count += 1
+                    self.changed.notify_all()
+
+    def wait(self, count: int = 1, timeout: float = 30.0) -> None:
+        with self.changed:
+            assert self.changed.wait_for(lambda: self.count >= count, timeout), f"the proxy finished {self.count} of {count} requests"
+
+
+def _not_stored(engine, session: str, finished: Finished) -> None:
+    """The session holds the request's history, and no part of the cut answer, once the proxy has
+    finished the request (an answer is ingested after the response, by its background task)."""
+    finished.wait()
     stored = engine.get_session(session, include_messages=True)["messages"]
     assert not any("Hello" in str(m.get("content")) for m in stored if m.get("role") == "assistant")
 
@@ -127,7 +152,7 @@ def test_a_cut_chat_stream_raises_in_the_openai_sdk(engine, upstream, cut_proxy,
     assert received and ANSWER.startswith("".join(received))  # it had started: the cut came mid-answer
     # The restore tool is offered where results were omitted: the restore-round path.
     assert ("contextrender_restore" in upstream.requests[-1].body.decode()) == omitted == _omitted_sent(upstream)
-    _not_stored(engine, session)
+    _not_stored(engine, session, cut_proxy.finished)
 
 
 @pytest.mark.parametrize("omitted", PATHS)
@@ -143,7 +168,7 @@ def test_a_cut_messages_stream_raises_in_the_anthropic_sdk(engine, upstream, cut
                                     extra_headers={SESSION_HEADER: session}) as stream:
             stream.get_final_message()
     assert _omitted_sent(upstream) == omitted
-    _not_stored(engine, session)
+    _not_stored(engine, session, cut_proxy.finished)
 
 
 @pytest.mark.parametrize("omitted", PATHS)
@@ -159,7 +184,7 @@ def test_a_cut_responses_stream_raises_in_the_openai_sdk(engine, upstream, cut_p
                                          extra_headers={SESSION_HEADER: session}):
             pass
     assert _omitted_sent(upstream) == omitted
-    _not_stored(engine, session)
+    _not_stored(engine, session, cut_proxy.finished)
 
 
 @pytest.mark.parametrize("omitted", PATHS)
@@ -194,7 +219,7 @@ def test_a_cut_compressed_stream_breaks_the_connection(engine, upstream, cut_pro
                                                     extra_headers={SESSION_HEADER: "gzip-cut"}):
             received.extend(c.delta.content or "" for c in chunk.choices)
     assert received  # the stream was relayed (compressed) until the cut
-    _not_stored(engine, "gzip-cut")
+    _not_stored(engine, "gzip-cut", cut_proxy.finished)
 
 
 def test_a_whole_stream_still_ends_cleanly_and_is_stored(engine, upstream, cut_proxy):
@@ -206,7 +231,5 @@ def test_a_whole_stream_still_ends_cleanly_and_is_stored(engine, upstream, cut_p
     text = "".join(c.delta.content or "" for chunk in client.chat.completions.create(
         model="gpt-4o", messages=_history(False), stream=True, extra_headers={SESSION_HEADER: "whole"}) for c in chunk.choices)
     assert text == ANSWER
-    deadline = time.monotonic() + 10
-    while engine.get_session("whole", include_messages=True)["messages"][-1].get("content") != ANSWER:
-        assert time.monotonic() < deadline, "the whole answer was never stored"
-        time.sleep(0.05)
+    cut_proxy.finished.wait()  # the same wait as the cut streams': here the answer is stored by then
+    assert engine.get_session("whole", include_messages=True)["messages"][-1].get("content") == ANSWER

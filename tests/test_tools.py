@@ -6,9 +6,9 @@ import asyncio
 import logging
 import re
 
-from contextrender_adapters.client import Client
-from contextrender_adapters.fakeupstream import free_port
-from contextrender_adapters.tools import RESTORE_TOOL, restore_tool
+from contextrender.client import Client
+from contextrender.testing.fake_upstream import free_port
+from contextrender.tools import RESTORE_TOOL, restore_tool
 from tests.conftest import assistant, call, tool, user
 
 HANDLE = re.compile(r'handle "([rp][0-9]+)"')

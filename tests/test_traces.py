@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import pytest
 
-from contextrender_adapters import Engine
-from contextrender_adapters.checks import pairing_problems
+from contextrender import Engine
+from contextrender.testing.checks import pairing_problems
 from engine.measure import get_tokenizer
 from tests.conftest import TRACES, load_traces
 from tests.test_render import history_of

@@ -1,6 +1,6 @@
 """Value abstraction of Tool-Flow Analysis (paper A.2) and the recall tokens (B.4)."""
 
-from contextrender_adapters import engine  # noqa: F401  (puts the Jac modules on the path)
+from contextrender import local as engine  # noqa: F401  (puts the Jac modules on the path)
 from engine.values import extract_values, recall_tokens
 
 

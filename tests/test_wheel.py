@@ -21,8 +21,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from contextrender_adapters.access_table import FALLBACK
-from contextrender_adapters.loopback import free_port, stop_process
+from contextrender.server.access_table import FALLBACK
+from contextrender.testing.loopback import free_port, stop_process
 
 REPO = Path(__file__).resolve().parent.parent
 # The Jac modules of the checkout (not jaclang's .jac/ cache folders, which rglob also matches).
@@ -59,10 +59,10 @@ def test_the_wheel_carries_the_jac_engine_and_its_compiled_form(dist):
     wheel = next(dist.glob("contextrender-*.whl"))
     names = set(zipfile.ZipFile(wheel).namelist())
     for source in JAC_SOURCES:
-        assert f"contextrender_adapters/jac/{source}" in names, source
-    assert {"contextrender_adapters/jac/contextrender_server.jac", "contextrender_adapters/jac/jac.toml", "contextrender/__init__.py"} <= names
-    compiled = {n for n in names if n.startswith("contextrender_adapters/_precompiled/cpython-312/jac/") and n.endswith(".jir")}
-    modules = [s for s in JAC_SOURCES if ".impl." not in s] + ["contextrender_server.jac"]
+        assert f"contextrender/jac/{source}" in names, source
+    assert {"contextrender/jac/contextrender.jac", "contextrender/jac/jac.toml", "adapters/__init__.py"} <= names
+    compiled = {n for n in names if n.startswith("contextrender/_precompiled/cpython-312/jac/") and n.endswith(".jir")}
+    modules = [s for s in JAC_SOURCES if ".impl." not in s] + ["contextrender.jac"]
     assert len(compiled) == len(modules), sorted(compiled)
     # Each bundle file carries its module's access table (setup.py), which `serve` reads.
     from jaclang.jac0core.jir import HEADER_SIZE, SEC_INTEROP, SECTIONS_MAGIC, read_sections
@@ -81,7 +81,7 @@ def test_the_sdist_carries_what_the_wheel_is_built_from(dist):
     sdist = next(dist.glob("contextrender-*.tar.gz"))
     with tarfile.open(sdist) as archive:
         names = {name.split("/", 1)[1] for name in archive.getnames() if "/" in name}
-    assert {"setup.py", "pyproject.toml", "contextrender_server.jac", "jac.toml", "LICENSE", "constraints.txt"} <= names
+    assert {"setup.py", "pyproject.toml", "contextrender.jac", "jac.toml", "LICENSE", "constraints.txt"} <= names
     assert set(JAC_SOURCES) <= names
 
 
@@ -101,7 +101,7 @@ def test_an_installed_wheel_renders_and_runs_its_commands_from_an_empty_folder(v
         engine = contextrender.Engine("store")
         result = engine.render("run-1", messages, budget=600)
         print(json.dumps({"history_tokens": result.history_tokens, "omitted": result.omitted,
-                          "module": contextrender.Engine.__module__, "file": __import__("contextrender_adapters").__file__}))
+                          "module": contextrender.Engine.__module__, "file": __import__("contextrender").__file__}))
     """)
     answer = json.loads(_run([python, "-c", script], cwd=folder, env=env).stdout.strip().splitlines()[-1])
     assert 0 < answer["history_tokens"] <= 600 and answer["omitted"] > 0, answer

@@ -8,8 +8,8 @@ Anthropic client takes it, `/v1` included); other paths are appended to the upst
 
 Three protocols are managed, each by a format layer that converts its request to the engine's
 message normal form (OpenAI chat-completions messages) and the rendered history back:
-`POST /v1/chat/completions` (`chat.py`), `POST /v1/messages` (Anthropic, `adapters/anthropic.py`) and
-`POST /v1/responses` (OpenAI Responses, `adapters/responses.py`). For each, the proxy
+`POST /v1/chat/completions` (`chat.py`), `POST /v1/messages` (Anthropic, `adapters/proxy/messages/wire.py`) and
+`POST /v1/responses` (OpenAI Responses, `adapters/proxy/responses/wire.py`). For each, the proxy
 1. names the session: the `X-ContextRender-Session` header (its bytes read as UTF-8; any value is
    managed: one that is not a valid session id as it stands is stored under a digest of it,
    `named_session`), else a hash of the conversation's stable prefix (`derive_session`);

@@ -17,16 +17,14 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
 
-from contextrender_adapters import anthropic, inspector, responses, restore_loop
-from contextrender_adapters.anthropic_restore import MESSAGES_ROUNDS
-from contextrender_adapters.core import InvalidRequest
-from contextrender_adapters.responses_restore import RESPONSES_ROUNDS
-from contextrender_adapters.proxy.chat import CHAT
-from contextrender_adapters.proxy.interfaces import Backend, Format, Rounds as Protocol, field
-from contextrender_adapters.proxy.defaults import DEFAULT_RESTORE_ROUNDS, DEFAULT_SELECTOR, DEFAULT_UPSTREAM_TIMEOUT
-from contextrender_adapters.proxy.restores import Restores, Rounds
-from contextrender_adapters.proxy.sessions import Sessions, chain_events, derive_session, model_encoding, named_session
-from contextrender_adapters.proxy.upstream import Upstream, error
+from contextrender.core import RESTORE_TOOL, InvalidRequest
+from contextrender.inspector import routes as inspector
+from contextrender.proxy.defaults import DEFAULT_RESTORE_ROUNDS, DEFAULT_SELECTOR, DEFAULT_UPSTREAM_TIMEOUT
+from contextrender.proxy.interfaces import Backend, Format, field
+from contextrender.proxy.protocols import PROTOCOLS, Protocol, format_of_path
+from contextrender.proxy.restores import RequestRounds, Restores
+from contextrender.proxy.sessions import Sessions, chain_events, derive_session, model_encoding, named_session
+from contextrender.proxy.upstream import Upstream, error
 
 __all__ = ["BUDGET_HEADER", "DEFAULT_SELECTOR", "SELECTOR_HEADER", "SESSION_HEADER", "SESSION_NAME_HEADER", "STATUS_HEADER",
            "UNMANAGED_HEADER", "create_app", "session_of"]
@@ -69,15 +67,11 @@ def _shown(session_id: str, name: str) -> str:
     return session_id if name in ("", session_id) else f"{name!r} (key {session_id})"
 
 
-# Each protocol's restore rounds, by its format layer.
-ROUNDS: dict[Any, Protocol] = {CHAT: restore_loop.CHAT_ROUNDS, anthropic.FORMAT: MESSAGES_ROUNDS, responses.FORMAT: RESPONSES_ROUNDS}
-
-
 def without_restore_tool(messages: list[dict]) -> list[dict]:
     """A rendered history for a request that is not offered the restore tool: the restore hints
     in the texts ContextRender wrote (stubs, notes, the fold marker) name no tool
     (engine/notices.jac `without_restore_tool`); nothing else changes."""
-    from contextrender_adapters.core import RESTORE_TOOL, without_restore_tool as rewrite
+    from contextrender.core import without_restore_tool as rewrite
 
     def text(value: Any) -> Any:
         if isinstance(value, str):
@@ -124,7 +118,7 @@ class _Proxy:
         """The budget and selector of this request: the proxy's, or its `X-ContextRender-Budget`
         and `X-ContextRender-Selector` headers (checked: InvalidRequest names the header)."""
         # Imported here: the renderer loads byLLM, which `contextrender --help` need not wait for.
-        from contextrender_adapters.core import MIN_BUDGET, render_settings
+        from contextrender.core import MIN_BUDGET, render_settings
 
         budget, selector = self.budget, self.selector
         if BUDGET_HEADER in request.headers:
@@ -140,8 +134,9 @@ class _Proxy:
                 raise InvalidRequest(f"X-ContextRender-Selector: {exc}") from exc
         return budget, selector
 
-    async def managed(self, request: Request, fmt: Format) -> Response:
-        """A conversation request in `fmt`'s protocol, rendered and forwarded."""
+    async def managed(self, request: Request, protocol: Protocol) -> Response:
+        """A conversation request in `protocol`, rendered and forwarded."""
+        fmt = protocol.format
         try:
             budget, selector = self.controls(request)
         except InvalidRequest as exc:
@@ -168,13 +163,13 @@ class _Proxy:
             return await self.engine_failed(request, raw, session_id, failure, fmt)
         state = self.sessions.session(session_id)
         state.name = name
-        protocol = ROUNDS[fmt]
-        if self.restore_rounds and protocol.declares(body):
+        rounds = protocol.rounds
+        if self.restore_rounds and rounds.declares(body):
             # Refused before anything is stored: the proxy would answer the agent's own tool.
-            message = (f"ContextRender proxy: this request declares a tool named {restore_loop.RESTORE_TOOL!r}, the name "
+            message = (f"ContextRender proxy: this request declares a tool named {RESTORE_TOOL!r}, the name "
                        "the proxy reserves for the model to take back omitted tool results. Rename your tool, or start "
                        "the proxy with --restore-rounds 0 if your agent answers that tool itself.")
-            if fmt is anthropic.FORMAT:
+            if protocol.name == "messages":
                 return error(fmt, 400, message, "invalid_request_error")
             return JSONResponse({"error": {"message": message, "type": "invalid_request_error", "param": "tools",
                                            "code": "contextrender_reserved_tool_name"}}, status_code=400)
@@ -197,7 +192,7 @@ class _Proxy:
                 result = await run_in_threadpool(
                     lambda: self.backend.render(session_id, prepared, budget=budget, selector=selector)
                 )
-                offered = bool(self.restore_rounds) and protocol.offers(body, field(result, "omitted"), field(result, "compacted"))
+                offered = bool(self.restore_rounds) and rounds.offers(body, field(result, "omitted"), field(result, "compacted"))
                 rendered = list(result.messages) if offered else without_restore_tool(list(result.messages))
                 (out_body, state.previous) = exchange.build(rendered, prepared, state.previous)
                 estimate = self.sessions.estimate(state, state.encoding or encoding, result, exchange.tools)
@@ -213,18 +208,9 @@ class _Proxy:
         on_answer = self.sessions.answered(session_id, turn, len(messages), estimate, chain_events(prepared))
         headers = [(STATUS_HEADER, "managed")] + _summary_headers(session_id, name, result)
         if offered:
-            rounds = Rounds(estimate, state.encoding or encoding)
-            return await self.restores.forward(request, out_body, session_id, on_answer, headers, rounds, protocol)
+            taken = RequestRounds(estimate, state.encoding or encoding)
+            return await self.restores.forward(request, out_body, session_id, on_answer, headers, taken, rounds)
         return await self.upstream.forward(request, out, fmt, on_answer=on_answer, headers=headers)
-
-    async def chat_completions(self, request: Request) -> Response:
-        return await self.managed(request, CHAT)
-
-    async def messages(self, request: Request) -> Response:
-        return await self.managed(request, anthropic.FORMAT)
-
-    async def responses(self, request: Request) -> Response:
-        return await self.managed(request, responses.FORMAT)
 
     async def engine_failed(self, request: Request, raw: bytes, session_id: str, exc: Exception, fmt: Format) -> Response:
         status = getattr(exc, "status", 500)
@@ -247,6 +233,13 @@ class _Proxy:
         ])
 
 
+def _route(proxy: _Proxy, protocol: Protocol) -> Any:
+    async def route(request: Request) -> Response:
+        return await proxy.managed(request, protocol)
+
+    return route
+
+
 def create_app(
     backend: Backend,
     upstream: str,
@@ -261,7 +254,7 @@ def create_app(
     `upstream_timeout`: seconds of upstream silence before a 504 (default
     $CONTEXTRENDER_UPSTREAM_TIMEOUT or 600). `restore_rounds`: restore rounds one chat-completions
     request may take (0: the restore tool is never offered). `inspect`: serve the session inspector at
-    /contextrender/ (loopback clients only; adapters/inspector.py)."""
+    /contextrender/ (loopback clients only; adapters/inspector/routes.py)."""
     if not isinstance(budget, int) or budget <= 0:
         raise ValueError(f"budget must be a positive number of tokens (got {budget!r})")
     if not isinstance(restore_rounds, int) or restore_rounds < 0:
@@ -290,16 +283,13 @@ def create_app(
 
     app = FastAPI(title="ContextRender proxy", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.proxy = proxy
-    app.add_api_route("/v1/chat/completions", proxy.chat_completions, methods=["POST"])
-    app.add_api_route("/v1/messages", proxy.messages, methods=["POST"])
-    app.add_api_route("/v1/responses", proxy.responses, methods=["POST"])
+    for protocol in PROTOCOLS:
+        app.add_api_route(protocol.path, _route(proxy, protocol), methods=["POST"], name=protocol.name)
     if inspect:  # the session inspector (issue 22), before the passthrough route below
         app.include_router(inspector.proxy_router(backend))
 
     async def passthrough(request: Request, path: str) -> Response:
-        # Anthropic's other paths (count_tokens, batches) get its error shape from the proxy too.
-        fmt = anthropic.FORMAT if path.startswith("v1/messages/") else CHAT
-        return await proxy.upstream.forward(request, await request.body(), fmt)
+        return await proxy.upstream.forward(request, await request.body(), format_of_path("/" + path))
 
     app.add_api_route(
         "/{path:path}", passthrough, methods=["GET", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "HEAD"],

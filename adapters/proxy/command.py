@@ -12,7 +12,7 @@ from typing import Any
 
 # Only the defaults at import: the command line is built before any command runs, and the web
 # stack (FastAPI, the format layers) loads in `run`.
-from contextrender_adapters.proxy.defaults import DEFAULT_RESTORE_ROUNDS, DEFAULT_SELECTOR, DEFAULT_UPSTREAM_TIMEOUT
+from contextrender.proxy.defaults import DEFAULT_RESTORE_ROUNDS, DEFAULT_SELECTOR, DEFAULT_UPSTREAM_TIMEOUT
 
 __all__ = ["register", "run"]
 
@@ -21,7 +21,7 @@ log = logging.getLogger("contextrender.proxy")
 
 def _backend(args: argparse.Namespace) -> Any:
     if args.server:
-        from contextrender_adapters.client import Client
+        from contextrender.client import Client
 
         client = Client(args.server, token=args.token or None)
         if not args.token:
@@ -34,7 +34,7 @@ def _backend(args: argparse.Namespace) -> Any:
                 )
             client.login(username, password)
         return client
-    from contextrender_adapters.engine import Engine
+    from contextrender.local import Engine
 
     return Engine(args.store)
 
@@ -48,8 +48,8 @@ def _refuse(message: str) -> int:
 def run(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from contextrender_adapters.core import InvalidRequest, check_budget, render_settings
-    from contextrender_adapters.proxy.app import create_app
+    from contextrender.core import InvalidRequest, check_budget, render_settings
+    from contextrender.proxy.app import create_app
 
     # Checked before serving, by the engine's own rules: once serving, a bad budget or selector
     # would fail every request open (forwarded unmanaged).

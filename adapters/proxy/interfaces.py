@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-__all__ = ["Backend", "Exchange", "Format", "RoundReader", "Rounds", "StreamReader", "field"]
+__all__ = ["Backend", "Exchange", "Format", "RoundReader", "RestoreProtocol", "StreamReader", "field"]
 
 
 class Backend(Protocol):
@@ -96,7 +96,7 @@ class RoundReader(Protocol):
     def answer(self) -> Any: ...
 
 
-class Rounds(Protocol):
+class RestoreProtocol(Protocol):
     """A protocol's restore rounds (proxy/restores.py does the I/O): when the restore tool may be
     offered, how it is added, how an answer tells a round from the agent's answer, and the turns a
     round appends. An answer is the protocol's own (`split` reads a whole one, `stream` a
@@ -127,7 +127,7 @@ class Rounds(Protocol):
         ...
 
     def ask(self, call: Any) -> tuple[str, str]:
-        """What a restore call asks for: `("handle", "r17")` or `("query", "words")` (restore_loop
+        """What a restore call asks for: `("handle", "r17")` or `("query", "words")` (tools.py
         `ask_of`; ValueError saying what to fix)."""
         ...
 

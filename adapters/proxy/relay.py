@@ -18,8 +18,8 @@ from fastapi.responses import StreamingResponse
 from starlette.background import BackgroundTask
 from starlette.types import Send
 
-from contextrender_adapters.proxy.interfaces import Format
-from contextrender_adapters.streams import Decoder
+from contextrender.proxy.interfaces import Format
+from contextrender.proxy.streams import Decoder
 
 __all__ = ["Broken", "Pending", "cut_message", "passthrough", "raw", "relay", "streaming"]
 

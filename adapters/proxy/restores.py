@@ -20,14 +20,15 @@ from fastapi.responses import Response
 from starlette.background import BackgroundTask
 from starlette.concurrency import run_in_threadpool
 
-from contextrender_adapters import restore_loop
-from contextrender_adapters.core import get_tokenizer
-from contextrender_adapters.proxy.interfaces import Backend, Rounds as Protocol, field
-from contextrender_adapters.proxy.relay import Pending, cut_message, raw, streaming
-from contextrender_adapters.proxy.sessions import Sessions
-from contextrender_adapters.proxy.upstream import Upstream, error, unless_gone
+from contextrender.core import get_tokenizer
+from contextrender.proxy.interfaces import Backend, RestoreProtocol, field
+from contextrender.proxy.rounds import add_usage
+from contextrender.tools import tool_error
+from contextrender.proxy.relay import Pending, cut_message, raw, streaming
+from contextrender.proxy.sessions import Sessions
+from contextrender.proxy.upstream import Upstream, error, unless_gone
 
-__all__ = ["RESTORE_ROUNDS_HEADER", "RESTORE_USAGE_HEADER", "Restores", "Rounds"]
+__all__ = ["RESTORE_ROUNDS_HEADER", "RESTORE_USAGE_HEADER", "Restores", "RequestRounds"]
 
 log = logging.getLogger("contextrender.proxy")
 
@@ -38,7 +39,7 @@ RESTORE_USAGE_HEADER = "x-contextrender-restore-usage"
 OnAnswer = Callable[..., BackgroundTask | None]
 
 
-class Rounds:
+class RequestRounds:
     """The restore rounds of one agent request: the messages they add upstream, their usage as the
     upstream reported it (for the headers), and every call's usage as the session records it, with
     the proxy's estimate of the inputs of the calls after the first."""
@@ -52,7 +53,7 @@ class Rounds:
         self.extra_estimate = 0
         self.encoding = encoding
 
-    def called(self, protocol: Protocol) -> None:
+    def called(self, protocol: RestoreProtocol) -> None:
         """One more upstream call: after the first, its input is the first's plus the rounds
         (counted in the engine's normal form)."""
         if self.messages:
@@ -81,7 +82,7 @@ class Restores:
 
     async def forward(
         self, request: Request, body: dict, session_id: str, on_answer: OnAnswer,
-        headers: Sequence[tuple[str, str]], rounds: Rounds, protocol: Protocol,
+        headers: Sequence[tuple[str, str]], rounds: RequestRounds, protocol: RestoreProtocol,
     ) -> Response:
         """Forward `body` with the restore tool offered, answer the restore rounds the model asks
         for, and return the one answer that is the agent's. Until the response starts, a client
@@ -96,12 +97,12 @@ class Restores:
         )
 
     @staticmethod
-    def _request(url: str, sent: list, body: dict, offered: bool, rounds: Rounds, protocol: Protocol) -> httpx.Request:
+    def _request(url: str, sent: list, body: dict, offered: bool, rounds: RequestRounds, protocol: RestoreProtocol) -> httpx.Request:
         rounds.called(protocol)
         payload = protocol.payload(body, offered, rounds.messages)
         return httpx.Request("POST", url, headers=sent, content=json.dumps(payload, ensure_ascii=False).encode())
 
-    async def _answer_round(self, session_id: str, calls: Any, rounds: Rounds, protocol: Protocol) -> None:
+    async def _answer_round(self, session_id: str, calls: Any, rounds: RequestRounds, protocol: RestoreProtocol) -> None:
         """Answer each restore call from the store (a tool error when it cannot be: the model goes
         on without it) and add the round to the next upstream request. A call with a `query`
         gets the best matching handles, one line each (a search writes nothing)."""
@@ -120,13 +121,13 @@ class Restores:
                     contents.append((field(restored, "message").get("content"), False))
                 except Exception as exc:  # noqa: BLE001 - the model gets the error as the tool's answer
                     log.info("session %s: restore of %r refused: %s", session_id, handle, exc)
-                    contents.append((restore_loop.tool_error(handle, str(exc)), True))
+                    contents.append((tool_error(handle, str(exc)), True))
         rounds.messages.extend(protocol.round_turns(calls, contents))
         rounds.count += 1
 
     async def _whole(
         self, url: str, sent: list, body: dict, session_id: str, on_answer: OnAnswer,
-        headers: list, rounds: Rounds, protocol: Protocol, gone: asyncio.Future,
+        headers: list, rounds: RequestRounds, protocol: RestoreProtocol, gone: asyncio.Future,
     ) -> Response:
         fmt = protocol.fmt
         while True:
@@ -143,7 +144,7 @@ class Restores:
             if calls is not None and offered and calls.restore_first:
                 await self._answer_round(session_id, calls, rounds, protocol)
                 with contextlib.suppress(ValueError, AttributeError):
-                    restore_loop.add_usage(rounds.usage, json.loads(answer).get("usage"))
+                    add_usage(rounds.usage, json.loads(answer).get("usage"))
                 continue
             if calls is not None and calls.restore_calls:
                 answer = protocol.strip(answer) or answer
@@ -155,7 +156,7 @@ class Restores:
 
     async def _stream(
         self, url: str, sent: list, body: dict, session_id: str, on_answer: OnAnswer,
-        headers: list, rounds: Rounds, protocol: Protocol, gone: asyncio.Future,
+        headers: list, rounds: RequestRounds, protocol: RestoreProtocol, gone: asyncio.Future,
     ) -> Response:
         fmt = protocol.fmt
         seen = fmt.reader()  # what the agent received, rebuilt: the answer the session stores
@@ -230,7 +231,7 @@ class Restores:
                 rounds.answered(protocol.session_usage(reader.usage))
                 if reader.restore_round:
                     await self._answer_round(session_id, reader.answer(), rounds, protocol)
-                    restore_loop.add_usage(rounds.usage, reader.usage)
+                    add_usage(rounds.usage, reader.usage)
                     continue
                 if not started:
                     yield (200, out_headers)

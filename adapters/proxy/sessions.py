@@ -16,9 +16,9 @@ from typing import Any
 from starlette.background import BackgroundTask
 from starlette.concurrency import run_in_threadpool
 
-from contextrender_adapters import core
-from contextrender_adapters.core import UnknownSession, cache_bytes_setting, content_text, get_tokenizer, normal_form, same_event
-from contextrender_adapters.proxy.interfaces import Backend
+from contextrender import core
+from contextrender.core import UnknownSession, cache_bytes_setting, content_text, get_tokenizer, normal_form, same_event
+from contextrender.proxy.interfaces import Backend
 
 __all__ = ["SessionState", "Sessions", "derive_session", "model_encoding", "named_session"]
 

@@ -17,9 +17,9 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 from starlette.background import BackgroundTask
 
-from contextrender_adapters.proxy.interfaces import Format
-from contextrender_adapters.proxy.relay import passthrough, raw, relay
-from contextrender_adapters.streams import Decoder
+from contextrender.proxy.interfaces import Format
+from contextrender.proxy.relay import passthrough, raw, relay
+from contextrender.proxy.streams import Decoder
 
 __all__ = ["ClientGone", "Upstream", "error", "unless_gone"]
 

@@ -32,7 +32,7 @@ from typing import Any
 
 from agent.context_engine import ContextEngine
 
-from contextrender_adapters.tools import RESTORE_TOOL, restore_tool
+from contextrender.tools import RESTORE_TOOL, restore_tool
 from contextrender_integrations.common import render_or_none, session_name
 
 __all__ = ["ContextRenderEngine", "RESTORE_TOOL", "register"]
@@ -56,11 +56,11 @@ class _Shared:
             if self._backend is None:
                 url = os.environ.get("CONTEXTRENDER_URL")
                 if url:
-                    from contextrender_adapters.client import Client
+                    from contextrender.client import Client
 
                     self._backend = Client(url, token=os.environ.get("CONTEXTRENDER_TOKEN") or None)
                 else:
-                    from contextrender_adapters.engine import Engine
+                    from contextrender.local import Engine
 
                     home = Path(os.environ.get("HERMES_HOME") or Path.home() / ".hermes")
                     self._backend = Engine(os.environ.get("CONTEXTRENDER_STORE") or home / "contextrender")

@@ -2,7 +2,7 @@
 within a token budget before every model call and adds the restore tool.
 
     from langchain.agents import create_agent
-    from contextrender_adapters import Engine
+    from contextrender import Engine
     from contextrender_integrations.langchain import ContextRenderMiddleware
 
     agent = create_agent(model, tools, middleware=[ContextRenderMiddleware(Engine(), budget=6000)],
@@ -33,7 +33,7 @@ from langchain.tools import ToolRuntime
 from langchain_core.messages import AIMessage, AnyMessage, HumanMessage, ToolMessage, convert_to_openai_messages
 from langchain_core.tools import StructuredTool
 
-from contextrender_adapters.tools import RESTORE_TOOL, restore_tool
+from contextrender.tools import RESTORE_TOOL, restore_tool
 from contextrender_integrations.common import align, render_or_none, session_name
 
 __all__ = ["ContextRenderMiddleware", "RESTORE_TOOL", "conversation_id"]

@@ -3,7 +3,7 @@ renders the run's input within a token budget before every model call, and a fun
 restores.
 
     from agents import Agent, RunConfig, Runner, SQLiteSession
-    from contextrender_adapters import Engine
+    from contextrender import Engine
     from contextrender_integrations.openai_agents import ContextRender
 
     session = SQLiteSession("chat-42")
@@ -13,7 +13,7 @@ restores.
 
 The filter changes only what one model call sends (`ModelInputData.input`); the SDK's own items,
 and a `Session`'s stored history, stay whole. Items are read and rebuilt by the proxy's Responses
-format layer (adapters/responses.py): every item the render kept goes to the model exactly as the
+format layer (adapters/proxy/responses/wire.py): every item the render kept goes to the model exactly as the
 SDK made it, an omitted result becomes a `function_call_output` holding the stub.
 
 The session is named by the SDK's own conversation id: the `Session` given (its `session_id`), or
@@ -34,8 +34,8 @@ from agents import FunctionTool, function_tool
 from agents.run_config import CallModelData, ModelInputData
 from agents.tracing import get_current_trace
 
-from contextrender_adapters.responses import to_items, to_normal, unmanaged_reason
-from contextrender_adapters.tools import RESTORE_TOOL, restore_tool
+from contextrender.proxy.responses.wire import to_items, to_normal, unmanaged_reason
+from contextrender.tools import RESTORE_TOOL, restore_tool
 from contextrender_integrations.common import session_name
 
 __all__ = ["ContextRender", "RESTORE_TOOL"]

@@ -1,7 +1,7 @@
-"""Restore rounds on Anthropic Messages (proxy/interfaces.py `Rounds`; the I/O is proxy/restores.py).
+"""Restore rounds on Anthropic Messages (proxy/interfaces.py `RestoreProtocol`; the I/O is proxy/restores.py).
 
 The restore tool is offered as a Messages tool (`input_schema`) after the agent's own tools. The
-rule is chat completions' (restore_loop.py): **an answer's first `tool_use` block decides.** A
+rule is chat completions' (chat/restore.py): **an answer's first `tool_use` block decides.** A
 restore call first is a round: the proxy answers it with a `tool_result` turn and asks again with
 the answer appended as an assistant turn, its `thinking` / `redacted_thinking` blocks exactly as
 the model sent them (text, signature and all: the API checks them) and its restore calls only
@@ -26,10 +26,10 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from contextrender_adapters import anthropic
-from contextrender_adapters.core import RESTORE_TOOL, content_text, restore_tool
-from contextrender_adapters.event_rounds import Answer, Event, EventRound, EventRounds, reserialised
-from contextrender_adapters.restore_loop import ask_of
+from contextrender.proxy.messages import wire as anthropic
+from contextrender.core import RESTORE_TOOL, content_text, restore_tool
+from contextrender.proxy.rounds import Answer, Event, EventRound, EventRounds, reserialised
+from contextrender.tools import ask_of
 
 __all__ = ["MESSAGES_ROUNDS", "MessagesRounds", "tool_definition"]
 

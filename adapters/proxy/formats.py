@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from contextrender_adapters.core import content_text
+from contextrender.core import content_text
 
 __all__ = ["EventReader", "arguments", "openai_usage", "origins_of", "plain", "usage_counts"]
 

@@ -1,4 +1,4 @@
-"""The request guard's session locks and its watch on the client (adapters/request_guard.py), on a
+"""The request guard's session locks and its watch on the client (adapters/server/guard.py), on a
 fake walker app: a new session is made under the user's lock in a call of its own, and not behind
 another session's ingestion; a call whose client has left is not run, or sees that it has."""
 
@@ -14,9 +14,9 @@ import uuid
 import pytest
 
 from conftest import assistant, call, tool, user
-from contextrender_adapters import core
-from contextrender_adapters.client import Client
-from contextrender_adapters.request_guard import RequestGuard
+from contextrender import core
+from contextrender.client import Client
+from contextrender.server.guard import RequestGuard
 
 ROOT_WRITERS = {"create_session", "ingest_events", "render_context", "configure_session", "delete_session"}
 
@@ -176,6 +176,20 @@ def long_run(rounds: int, tag: str = "") -> list[dict]:
     return messages
 
 
+def left_line(server, since: int, timeout: float = 120.0) -> str:
+    """The server's log line (written after offset `since`) about a client that left, once it is there."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with open(server.log, "rb") as log:
+            log.seek(since)
+            found = [line for line in log.read().decode(errors="replace").splitlines() if "the client left" in line
+                     or "closed the connection before" in line]
+        if found:
+            return found[0]
+        time.sleep(0.05)
+    raise AssertionError("the server never logged the client that left")
+
+
 def sessions_of(client: Client) -> set[str]:
     return {s["session_id"] for s in client.list_sessions()}
 
@@ -221,7 +235,9 @@ def test_a_call_whose_client_left_stops_and_the_next_call_of_its_session_is_serv
     # A new session: its call is known to be running once the session is listed; the client leaves.
     sock, request = raw_post(jac_server, carol.token, "ingest_events", {"session_id": "left-new", "messages": long_run(3000)})
     sock.sendall(request)
+    deadline = time.monotonic() + 120
     while "left-new" not in sessions_of(carol):
+        assert time.monotonic() < deadline, "the call never made its session"
         time.sleep(0.02)
     sock.close()
     # The next call of that session runs (its lock is free) and finds no trace of the one that
@@ -231,11 +247,20 @@ def test_a_call_whose_client_left_stops_and_the_next_call_of_its_session_is_serv
     # A session with acknowledged events: a long call whose client leaves adds nothing, takes
     # nothing away, and the next call is served.
     carol.ingest("left-kept", [user("first"), assistant("acknowledged")])
-    sock, request = raw_post(jac_server, carol.token, "ingest_events",
-                             {"session_id": "left-kept", "messages": long_run(3000, "again")[1:], "append": True})
-    sock.sendall(request)
-    time.sleep(0.2)  # it is read and running: counting and embedding 6,000 events take seconds
-    sock.close()
+    # The client leaves while the call runs (counting and embedding 6,000 events take seconds): the
+    # server's log says which way each try went, and a try that left too early is made again later.
+    paths = []
+    for wait in (0.2, 0.5, 1.0, 2.0):
+        since = jac_server.log.stat().st_size
+        sock, request = raw_post(jac_server, carol.token, "ingest_events",
+                                 {"session_id": "left-kept", "messages": long_run(3000, "again")[1:], "append": True})
+        sock.sendall(request)
+        time.sleep(wait)
+        sock.close()
+        paths.append(left_line(jac_server, since))
+        if "left before its answer; the call stopped at a safe point" in paths[-1]:
+            break
+    assert "left before its answer; the call stopped at a safe point" in paths[-1], paths
     carol.ingest("left-kept", [user("next")], append=True)
     stored = carol.get_session("left-kept", include_messages=True)["messages"]
     assert stored == [user("first"), assistant("acknowledged"), user("next")]

@@ -20,7 +20,7 @@ _ERROR_LINE = re.compile(r"^(?:[\w.]+\.)?(\w+): ")
 def _error_statuses() -> dict[str, int]:
     """HTTP status of each ContextRender error class, by class name."""
     # Imported here: this module loads while jaclang itself is being imported (a plugin).
-    from contextrender_adapters.core import ContextRenderError
+    from contextrender.core import ContextRenderError
 
     statuses = {ContextRenderError.__name__: ContextRenderError.status}
     pending = list(ContextRenderError.__subclasses__())

@@ -5,7 +5,7 @@ fetched from elsewhere) reads three read-only endpoints, in jac-scale's answer e
 (`{"ok": true, "data": {"reports": [value]}}`, errors `{"ok": false, "error": {"code", "message"}}`):
 `list_sessions`, `inspect_session` and `export_graph`.
 
-- On the server (`jac start`, adapters/server.py) it calls the server's own `POST /walker/<name>`
+- On the server (`jac start`, adapters/server/app.py) it calls the server's own `POST /walker/<name>`
   with the token of the user who logged in on the page: every figure comes from that user's
   root, and another user's session is as unknown to the page as it is to that user's calls.
 - On the proxy (adapters/proxy.py) the same endpoints are served under `/contextrender/walker/`
@@ -25,7 +25,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, RedirectResponse
 from starlette.concurrency import run_in_threadpool
 
-from contextrender_adapters.endpoints import ENDPOINTS
+from contextrender.endpoints import ENDPOINTS
 
 __all__ = ["PREFIX", "READ_ENDPOINTS", "page", "asset", "proxy_router", "server_routes"]
 

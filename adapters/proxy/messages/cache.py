@@ -13,7 +13,7 @@ import hashlib
 import json
 from typing import Any
 
-from contextrender_adapters.formats import plain
+from contextrender.proxy.formats import plain
 
 __all__ = ["CACHE", "MAX_BREAKPOINTS", "NO_BREAKPOINT", "as_blocks", "bare", "breakpoints"]
 

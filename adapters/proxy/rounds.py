@@ -1,9 +1,10 @@
-"""What the restore rounds of the two event-stream protocols (Anthropic Messages, Responses) share:
-an answer's parts (content blocks, output items) and its restore calls, and a streamed answer read
+"""What the protocols' restore rounds share: usage summed over an answer's calls (`add_usage`) and a
+stream cut into server-sent events (`sse_frames`), for all three; and, for the two event-stream
+protocols (Anthropic Messages, Responses): an answer's parts (content blocks, output items) and its restore calls, and a streamed answer read
 event by event (`EventRound`), held back while it may still open with a restore call, decided by
-its first call, and the `Rounds` methods that differ only in where a request keeps its turns and an
+its first call, and the `RestoreProtocol` methods that differ only in where a request keeps its turns and an
 answer its parts (`EventRounds`). Each protocol's module says which parts are calls, what shows
-text, and how an event reaches the agent (`anthropic_restore.py`, `responses_restore.py`)."""
+text, and how an event reaches the agent (`messages/restore.py`, `responses/restore.py`); chat completions' rounds are `chat/restore.py`."""
 
 from __future__ import annotations
 
@@ -12,9 +13,33 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from contextrender_adapters.restore_loop import _frames
+__all__ = ["Answer", "Event", "EventRound", "EventRounds", "add_usage", "answer_of", "parse_event", "parts_of", "reserialised",
+           "sse_frames"]
 
-__all__ = ["Answer", "Event", "EventRound", "EventRounds", "answer_of", "parse_event", "parts_of", "reserialised"]
+
+def add_usage(total: dict, usage: Any) -> None:
+    """Add an answer's token counts (its top-level integer counters, in the protocol's names:
+    prompt/completion/total for chat completions, input/output and the cache's for Messages and
+    Responses) to `total`."""
+    if not isinstance(usage, dict):
+        return
+    for (key, value) in usage.items():
+        if isinstance(value, int) and not isinstance(value, bool):
+            total[key] = total.get(key, 0) + value
+
+
+def sse_frames(buffer: bytes) -> tuple[list[bytes], bytes]:
+    """Complete server-sent events in `buffer` (each with its blank-line terminator) and the rest."""
+    out: list[bytes] = []
+    start = 0
+    while True:
+        ends = [(buffer.find(sep, start), sep) for sep in (b"\n\n", b"\r\n\r\n")]
+        ends = [(at, sep) for (at, sep) in ends if at >= 0]
+        if not ends:
+            return out, buffer[start:]
+        (at, sep) = min(ends)
+        out.append(buffer[start:at + len(sep)])
+        start = at + len(sep)
 
 
 @dataclass
@@ -43,7 +68,7 @@ def parts_of(body: bytes, key: str) -> list[dict] | None:
 
 
 class EventRounds:
-    """The parts of a protocol's `Rounds` (proxy/interfaces.py) that the two event-stream protocols
+    """The parts of a protocol's `RestoreProtocol` (proxy/interfaces.py) that the two event-stream protocols
     share. A subclass names where a request keeps its turns (`turns`: "messages", "input") and an
     answer its parts (`parts`: "content", "output"), its restore tool (`tool`), which parts are
     calls and restore calls, and its stream reader (`reader`)."""
@@ -159,7 +184,7 @@ class EventRound:
         return answer_of([self._parts[i] for i in sorted(self._parts)], self._is_call, self._is_restore)
 
     def feed(self, chunk: bytes) -> list[bytes]:
-        frames, self._buffer = _frames(self._buffer + chunk)
+        frames, self._buffer = sse_frames(self._buffer + chunk)
         return [raw for frame in frames for raw in self._event(parse_event(frame))]
 
     def close(self) -> list[bytes]:

@@ -30,9 +30,9 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from contextrender_adapters.anthropic_cache import CACHE, MAX_BREAKPOINTS, NO_BREAKPOINT, as_blocks, bare, breakpoints
-from contextrender_adapters.core import InvalidRequest, content_text
-from contextrender_adapters.formats import EventReader, arguments, origins_of, plain, usage_counts
+from contextrender.proxy.messages.cache import CACHE, MAX_BREAKPOINTS, NO_BREAKPOINT, as_blocks, bare, breakpoints
+from contextrender.core import InvalidRequest, content_text
+from contextrender.proxy.formats import EventReader, arguments, origins_of, plain, usage_counts
 
 __all__ = ["FORMAT", "MAX_BREAKPOINTS", "breakpoints", "to_normal"]
 
@@ -231,13 +231,13 @@ def to_messages(rendered: list[dict], prepared: list[dict], origins: list[Origin
         # A user turn answering calls starts with its results (Anthropic requires it).
         joined = [b for b in joined if b.get("type") == "tool_result"] + [b for b in joined if b.get("type") != "tool_result"]
         turns.append({"role": side, "content": joined})
-    problems = pairing_problems(turns)
+    problems = turn_pairing_problems(turns)
     if problems:
         raise ValueError(f"the rebuilt Messages request is not valid: {problems[0]}")
     return turns
 
 
-def pairing_problems(turns: list[dict]) -> list[str]:
+def turn_pairing_problems(turns: list[dict]) -> list[str]:
     """Why `turns` break Anthropic's rule: every `tool_use` answered by a `tool_result` in the
     next turn, a user turn, and every `tool_result` answering a call of the turn before."""
     problems: list[str] = []

@@ -6,9 +6,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from contextrender_adapters.core import normal_form
-from contextrender_adapters.formats import openai_usage
-from contextrender_adapters.streams import StreamAnswer, body_answer
+from contextrender.core import normal_form
+from contextrender.proxy.formats import openai_usage
+from contextrender.proxy.streams import StreamAnswer, body_answer
 
 __all__ = ["CHAT", "chat_usage"]
 

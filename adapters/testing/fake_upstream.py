@@ -36,8 +36,8 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from contextrender_adapters.fake_checks import messages_problem, responses_problem, signature
-from contextrender_adapters.loopback import LoopbackServer, free_port
+from contextrender.testing.fake_checks import messages_problem, responses_problem, signature
+from contextrender.testing.loopback import LoopbackServer, free_port
 
 __all__ = ["FakeUpstream", "LoopbackServer", "Recorded", "free_port", "signature"]
 
@@ -369,7 +369,7 @@ class FakeUpstream:
 
 
 def main() -> None:
-    """`python -m contextrender_adapters.fakeupstream --port 9000`: the fake server on its own."""
+    """`python -m contextrender.testing.fake_upstream --port 9000`: the fake server on its own."""
     import argparse
 
     parser = argparse.ArgumentParser(description="A scripted OpenAI-compatible server on loopback (canned answers).")

@@ -1,7 +1,7 @@
-"""Restore rounds on OpenAI Responses (proxy/interfaces.py `Rounds`; the I/O is proxy/restores.py).
+"""Restore rounds on OpenAI Responses (proxy/interfaces.py `RestoreProtocol`; the I/O is proxy/restores.py).
 
 The restore tool is offered as a Responses function tool after the agent's own tools. The rule is
-chat completions' (restore_loop.py): **an answer's first `function_call` item decides.** A restore
+chat completions' (chat/restore.py): **an answer's first `function_call` item decides.** A restore
 call first is a round: the answer's output items go back upstream as input, as the model sent them
 (`reasoning` items with their encrypted content, `message` items) with its restore calls only, each
 answered by a `function_call_output` item, and the upstream is asked again. An agent's call first,
@@ -25,11 +25,11 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from contextrender_adapters import responses
-from contextrender_adapters.core import RESTORE_TOOL, content_text, restore_tool
-from contextrender_adapters.event_rounds import Answer, Event, EventRound, EventRounds, reserialised
-from contextrender_adapters.formats import openai_usage
-from contextrender_adapters.restore_loop import handle_of
+from contextrender.proxy.responses import wire as responses
+from contextrender.core import RESTORE_TOOL, content_text, restore_tool
+from contextrender.proxy.rounds import Answer, Event, EventRound, EventRounds, reserialised
+from contextrender.proxy.formats import openai_usage
+from contextrender.tools import ask_of_call
 
 __all__ = ["RESPONSES_ROUNDS", "ResponsesRounds", "tool_definition"]
 
@@ -163,7 +163,7 @@ class ResponsesRounds(EventRounds):
         return responses.to_normal({"input": added})[0]
 
     def ask(self, call: dict) -> tuple[str, str]:
-        return handle_of({"function": {"arguments": call.get("arguments") or ""}})
+        return ask_of_call({"function": {"arguments": call.get("arguments") or ""}})
 
     def round_turns(self, answer: Answer, contents: list[tuple[Any, bool]]) -> list[dict]:
         kept = [i for i in answer.parts if i.get("type") != "function_call" or i in answer.restore_calls]

@@ -9,13 +9,17 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from jaclang.jac0core.runtime import JacRuntime, JacUtils
-from jaclang.lib import spawn
-from jaclang.runtimelib.exceptions import WriteConflict
+from contextrender.jaclang_setup import import_jaclang
 
-from contextrender_adapters import core
-from contextrender_adapters.endpoints import ENDPOINTS, EndpointMethods
-from contextrender_adapters.locks import KeyedLocks
+import_jaclang()  # before any jaclang import of this module: without the server's plugins
+
+from jaclang.jac0core.runtime import JacRuntime, JacUtils  # noqa: E402
+from jaclang.lib import spawn  # noqa: E402
+from jaclang.runtimelib.exceptions import WriteConflict  # noqa: E402
+
+from contextrender import core  # noqa: E402
+from contextrender.endpoints import ENDPOINTS, EndpointMethods  # noqa: E402
+from contextrender.locks import KeyedLocks  # noqa: E402
 
 DEFAULT_STORE = os.environ.get("CONTEXTRENDER_STORE", ".contextrender")
 # A call that loses a race for a shared node (jaclang's optimistic concurrency) runs again,

@@ -13,8 +13,8 @@ import threading
 import time
 from typing import Any
 
-from contextrender_adapters.locks import KeyedLocks
-from contextrender_adapters.walker_errors import map_walker_error
+from contextrender.locks import KeyedLocks
+from contextrender.server.errors import map_walker_error
 
 __all__ = ["REFUSED_PREFIXES", "ClientWatch", "RequestGuard", "body_timeout", "json_problem", "max_body_bytes"]
 
@@ -45,7 +45,7 @@ def json_problem(body: bytes) -> tuple[Any, str]:
     `\\udc80` escapes) or nesting deeper than the engine's MAX_DEPTH anywhere in the body, by the
     engine's own rules for a message, so that no route (jac-scale's included) fails on them. A body
     that is not JSON parses to None with no problem: the route answers it (FastAPI's 422)."""
-    from contextrender_adapters.core import MAX_DEPTH, InvalidRequest, check_message
+    from contextrender.core import MAX_DEPTH, InvalidRequest, check_message
 
     try:
         value = json.loads(body)
@@ -189,7 +189,7 @@ class RequestGuard:
         if not (caller and isinstance(session_id, str)):
             await self.app(scope, replay, self.mapped(send))
             return
-        from contextrender_adapters import core
+        from contextrender import core
 
         key = (caller, session_id)
         watch = ClientWatch(receive)
@@ -247,7 +247,7 @@ class RequestGuard:
         elif created:
             # The client did not get the session it asked for: take back the empty one made for it
             # (even when the client has left: the call is ours now).
-            from contextrender_adapters import core
+            from contextrender import core
 
             token = core.CLIENT_LEFT.set(None)
             try:

@@ -26,8 +26,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from contextrender_adapters.formats import EventReader, openai_usage, origins_of, plain
-from contextrender_adapters.core import InvalidRequest, content_text
+from contextrender.proxy.formats import EventReader, openai_usage, origins_of, plain
+from contextrender.core import InvalidRequest, content_text
 
 __all__ = ["FORMAT", "to_normal"]
 

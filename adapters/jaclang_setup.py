@@ -1,9 +1,12 @@
-"""Which of jaclang's plugins a process loads. jaclang imports every plugin of the `jac` entry-point
+"""How a process that is not `jac start` loads the Jac modules: where they are (`JAC_ROOT`) and
+jaclang imported without the server's plugins (`import_jaclang`).
+
+Which of jaclang's plugins a process loads. jaclang imports every plugin of the `jac` entry-point
 group when it is itself imported; jac-scale's (the server: FastAPI, SQLAlchemy, its auth and
 storage layers) took 5-18 s of every start on these cores, in processes that never serve (the
 in-process engine, the proxy, a replay, the client). A process that imports this package before
 jaclang is not `jac start` (which imports jaclang first), so jaclang is imported here with
-jac-scale's plugins and ContextRender's server plugin disabled, added to whatever the user
+jac-scale's plugins disabled, added to whatever the user
 disabled (JAC_DISABLED_PLUGINS, or the nearest jac.toml's [plugins].disabled, which the variable
 would otherwise replace). byLLM's plugin stays: the summariser's `by llm` calls need it.
 
@@ -19,10 +22,15 @@ import sys
 import tomllib
 from pathlib import Path
 
-__all__ = ["NOT_SERVING", "import_jaclang", "user_disabled"]
+__all__ = ["JAC_ROOT", "NOT_SERVING", "import_jaclang", "user_disabled"]
+
+# The Jac modules (contextrender.jac, graph/, engine/, walkers/): in an installed wheel under jac/ in
+# this package (setup.py), in a checkout (or an editable install) at the top of the checkout.
+_INSTALLED = Path(__file__).resolve().parent / "jac"
+JAC_ROOT = _INSTALLED if (_INSTALLED / "contextrender.jac").is_file() else Path(__file__).resolve().parent.parent
 
 # What a process that does not serve leaves out (jaclang's "package:plugin" / "package:*" names).
-NOT_SERVING = ("jac-scale:*", "contextrender:server")
+NOT_SERVING = ("jac-scale:*",)
 
 
 def user_disabled(cwd: Path | None = None) -> list[str]:
@@ -44,7 +52,21 @@ def user_disabled(cwd: Path | None = None) -> list[str]:
 
 
 def import_jaclang() -> None:
-    """Import jaclang (its .jac import hook) without the server's plugins, unless it is loaded."""
+    """Put the Jac modules on the path and import jaclang (its .jac import hook) without the
+    server's plugins, unless it is loaded; then jaclang's serializer (below)."""
+    if str(JAC_ROOT) not in sys.path:
+        sys.path.insert(0, str(JAC_ROOT))
+    # litellm (imported by byLLM) otherwise tries to download its price list at import; there is no
+    # network on many agent hosts, and its bundled copy is what we want.
+    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+    _import()
+    # Stored nodes are rebuilt only from classes jaclang's serializer registered, and it registers a
+    # class when the class is made, if the serializer is loaded by then. jac-scale's plugin loads it
+    # first; without jac-scale (the engine beside Hermes) every stored session was unreadable.
+    from jaclang.runtimelib import serializer  # noqa: F401
+
+
+def _import() -> None:
     if "jaclang" in sys.modules or os.environ.get("CONTEXTRENDER_JAC_PLUGINS", "").strip().lower() == "all":
         import jaclang  # noqa: F401
         return

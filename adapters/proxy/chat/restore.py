@@ -23,9 +23,12 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from contextrender_adapters.core import RESTORE_TOOL, restore_tool
+from contextrender.core import RESTORE_TOOL, restore_tool
+from contextrender.proxy.chat.wire import CHAT, chat_usage
+from contextrender.proxy.rounds import sse_frames
+from contextrender.tools import ask_of_call, tool_error
 
-__all__ = ["CHAT_ROUNDS", "RESTORE_TOOL", "AnswerCalls", "StreamRound", "add_usage", "ask_of", "declares_restore", "handle_of", "offers_tool",
+__all__ = ["CHAT_ROUNDS", "RESTORE_TOOL", "AnswerCalls", "StreamRound", "declares_restore", "offers_tool",
            "round_messages", "split_answer", "strip_restore_calls", "tool_error", "with_tool"]
 
 
@@ -78,38 +81,6 @@ def split_answer(message: dict) -> AnswerCalls:
                        bool(calls) and _function_name(calls[0]) == RESTORE_TOOL)
 
 
-def ask_of(given: Any) -> tuple[str, str] | None:
-    """What restore arguments (a parsed JSON object) ask for: `("handle", "r17")` (a handle wins),
-    `("query", "words")` (a search: the best matching handles), or None when they hold neither as
-    a non-empty string."""
-    if isinstance(given, dict):
-        for key in ("handle", "query"):
-            value = given.get(key)
-            if isinstance(value, str) and value.strip():
-                return (key, value.strip())
-    return None
-
-
-def handle_of(call: dict) -> tuple[str, str]:
-    """What a restore call asks for (`ask_of`); ValueError saying what to fix when the arguments are
-    not a JSON object with a string `handle` (or `query`)."""
-    arguments = (call.get("function") or {}).get("arguments") or ""
-    try:
-        parsed = json.loads(arguments)
-    except ValueError:
-        parsed = None
-    ask = ask_of(parsed)
-    if ask is None:
-        raise ValueError(f'the arguments must be a JSON object with a string "handle", such as {{"handle": "r17"}}, '
-                         f'or a "query" to search for one (got {arguments!r})')
-    return ask
-
-
-def tool_error(handle: str, problem: str) -> str:
-    """The tool answer the model gets when a restore fails: what went wrong, and that it can go on."""
-    return f"[ContextRender: could not restore {handle or 'that result'}: {problem}. Continue without it.]"
-
-
 def round_messages(answer: AnswerCalls, contents: list[Any]) -> list[dict]:
     """The round appended to the next upstream request: the assistant message with its text and
     its restore calls only (in request form), then one tool message per call with its content
@@ -146,17 +117,6 @@ def strip_restore_calls(body: bytes) -> bytes | None:
     return json.dumps(answer, ensure_ascii=False).encode()
 
 
-def add_usage(total: dict, usage: Any) -> None:
-    """Add an answer's token counts (its top-level integer counters, in the protocol's names:
-    prompt/completion/total for chat completions, input/output and the cache's for Messages and
-    Responses) to `total`."""
-    if not isinstance(usage, dict):
-        return
-    for (key, value) in usage.items():
-        if isinstance(value, int) and not isinstance(value, bool):
-            total[key] = total.get(key, 0) + value
-
-
 # ---------------------------------------------------------------- streamed answers
 
 
@@ -176,20 +136,6 @@ class _Frame:
         choice = self.choice()
         delta = choice.get("delta") if choice else None
         return delta if isinstance(delta, dict) else {}
-
-
-def _frames(buffer: bytes) -> tuple[list[bytes], bytes]:
-    """Complete server-sent events in `buffer` (each with its blank-line terminator) and the rest."""
-    out: list[bytes] = []
-    start = 0
-    while True:
-        ends = [(buffer.find(sep, start), sep) for sep in (b"\n\n", b"\r\n\r\n")]
-        ends = [(at, sep) for (at, sep) in ends if at >= 0]
-        if not ends:
-            return out, buffer[start:]
-        (at, sep) = min(ends)
-        out.append(buffer[start:at + len(sep)])
-        start = at + len(sep)
 
 
 def _parse(raw: bytes) -> _Frame:
@@ -231,7 +177,7 @@ class StreamRound:
         return split_answer({"content": "".join(self._texts) or None, "tool_calls": calls})
 
     def feed(self, chunk: bytes) -> list[bytes]:
-        frames, self._buffer = _frames(self._buffer + chunk)
+        frames, self._buffer = sse_frames(self._buffer + chunk)
         out: list[bytes] = []
         for raw in frames:
             out.extend(self._frame(_parse(raw)))
@@ -334,13 +280,9 @@ class StreamRound:
 
 
 class ChatRounds:
-    """Chat completions' restore rounds (proxy/interfaces.py `Rounds`), from the functions above."""
+    """Chat completions' restore rounds (proxy/interfaces.py `RestoreProtocol`), from the functions above."""
 
-    @property
-    def fmt(self) -> Any:
-        from contextrender_adapters.proxy.chat import CHAT  # the proxy package imports this module
-
-        return CHAT
+    fmt = CHAT
 
     def declares(self, body: dict) -> bool:
         return declares_restore(body)
@@ -359,7 +301,7 @@ class ChatRounds:
         return split_answer(message) if message else None
 
     def ask(self, call: dict) -> tuple[str, str]:
-        return handle_of(call)
+        return ask_of_call(call)
 
     def round_turns(self, answer: AnswerCalls, contents: list[tuple[Any, bool]]) -> list[dict]:
         return round_messages(answer, [content for (content, _) in contents])
@@ -371,8 +313,6 @@ class ChatRounds:
         return StreamRound(may_restore=may_restore)
 
     def session_usage(self, usage: Any) -> dict:
-        from contextrender_adapters.proxy.chat import chat_usage
-
         return chat_usage(usage)
 
 

@@ -35,12 +35,13 @@ from typing import Any
 
 import jac_scale.plugin  # noqa: F401  (registers jac-scale's server class hook before ours)
 
-from contextrender_adapters import access_table, distributed  # distributed: issue 21 hook
-from contextrender_adapters.request_guard import REFUSED_PREFIXES, RequestGuard
-from contextrender_adapters.secret_checks import (  # noqa: F401 (PUBLIC_DEFAULT_SECRET, strength_problem: re-exported)
+from contextrender.server import access_table  # distributed: issue 21 hook
+from contextrender.server import distributed
+from contextrender.server.guard import REFUSED_PREFIXES, RequestGuard
+from contextrender.server.secret_checks import (  # noqa: F401 (PUBLIC_DEFAULT_SECRET, strength_problem: re-exported)
     PUBLIC_DEFAULT_SECRET, admin_password, check_jwt_secret, check_monitoring_password, strength_problem,
 )
-from contextrender_adapters.walker_errors import map_walker_error  # noqa: F401 (re-exported)
+from contextrender.server.errors import map_walker_error  # noqa: F401 (re-exported)
 
 logger = logging.getLogger("contextrender.server")
 
@@ -65,7 +66,7 @@ def server_class() -> type:
                 settings.update(default_password=self.admin_password, require_password_reset=False)
             super().__post_init__()
             # Access levels from the compile cache instead of a compile from source (about half
-            # of a warm start; adapters/access_table.py). The first load is get_walkers() below.
+            # of a warm start; adapters/server/access_table.py). The first load is get_walkers() below.
             access_table.use_cached_tables(self.introspector)
             # Walkers that create their session (`create`), and delete_session.
             root_writers = {name for (name, cls) in self.get_walkers().items() if getattr(cls, "create", False)}
@@ -73,7 +74,7 @@ def server_class() -> type:
                 RequestGuard, fields_of=self.request_fields, admin=self.admin_password is not None,
                 root_writers=root_writers | {"delete_session"},
             ))
-            # Issue 21 hook: several processes on one store (adapters/distributed.py); nothing without Redis.
+            # Issue 21 hook: several processes on one store (adapters/server/distributed.py); nothing without Redis.
             distributed.install(self.server.app, root_writers | {"delete_session"})
             host = os.environ.get("CONTEXTRENDER_HOST") or config.get_server_config().get("host") or "0.0.0.0"
             run_server = self.server.run_server
@@ -82,7 +83,7 @@ def server_class() -> type:
                 # Load the models now, then move everything loaded so far out of the garbage
                 # collector's full walks (it lives as long as the process): otherwise one of the
                 # first requests pays for a walk of the whole start-up heap (about 1.6 s here).
-                from contextrender_adapters import core
+                from contextrender import core
 
                 core.warm_up()
                 gc.collect()
@@ -135,7 +136,7 @@ def server_class() -> type:
                                          if not e.path.startswith(refused) and not e.path.endswith("/{nd}")]
             # Session inspector (issue 22): the page and its files at /contextrender/; its data
             # comes from POST /walker/<name> with the token of the user who logs in on it.
-            from contextrender_adapters import inspector
+            from contextrender.inspector import routes as inspector
 
             for path, handler in inspector.server_routes():
                 self.server.app.add_api_route(path, handler, methods=["GET"], include_in_schema=False)

@@ -1,4 +1,5 @@
-"""Checks a rendered message list must pass before any provider sees it."""
+"""What the tests check of every rendered chat-completions list before a provider would see it (the
+engine itself never renders an unpaired list; tests/test_traces.py and the protocol tests hold it to that)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""adapters/jac_plugins.py: a process that imports ContextRender before jaclang loads neither
-jac-scale nor the server plugin, keeps what the user disabled, and leaves the environment as it was."""
+"""adapters/jaclang_setup.py: a process that imports ContextRender before jaclang loads neither
+jac-scale nor the server class, keeps what the user disabled, and leaves the environment as it was."""
 
 from __future__ import annotations
 
@@ -8,11 +8,11 @@ import os
 import subprocess
 import sys
 
-from contextrender_adapters.jac_plugins import NOT_SERVING, user_disabled
+from contextrender.jaclang_setup import NOT_SERVING, user_disabled
 
 PROBE = """
 import json, os, sys
-import contextrender_adapters.engine
+import contextrender.local
 from jaclang.jac0core.runtime import plugin_manager
 print(json.dumps({"jac_scale": "jac_scale" in sys.modules, "litellm": "litellm" in sys.modules,
                   "server_class": getattr(plugin_manager.hook.get_api_server_class(), "__name__", None),
@@ -34,7 +34,9 @@ def test_the_engine_loads_without_the_servers_plugins(tmp_path):
 
 
 def test_all_keeps_every_plugin_and_a_users_list_is_kept(tmp_path):
-    assert probe(tmp_path, CONTEXTRENDER_JAC_PLUGINS="all")["server_class"] == "ContextRenderServer"
+    every = probe(tmp_path, CONTEXTRENDER_JAC_PLUGINS="all")
+    # jac-scale's plugin is loaded; ContextRender's server class only where the entry registers it.
+    assert every["jac_scale"] and every["server_class"] == "JacAPIServer"
     assert probe(tmp_path, JAC_DISABLED_PLUGINS="byllm:*")["env"] == "byllm:*"
 
 
@@ -45,4 +47,4 @@ def test_the_users_disabled_list_is_read_as_jaclang_reads_it(tmp_path, monkeypat
     assert user_disabled(tmp_path / "sub") == ["byllm:*"]
     monkeypatch.setenv("JAC_DISABLED_PLUGINS", "a:b, c")
     assert user_disabled(tmp_path) == ["a:b", "c"]
-    assert set(NOT_SERVING) == {"jac-scale:*", "contextrender:server"}
+    assert set(NOT_SERVING) == {"jac-scale:*"}

@@ -3,7 +3,7 @@
 The store is a folder (default $CONTEXTRENDER_STORE or .contextrender): the server's SQLite store
 goes under its .jac/data, its JWT secret, generated once when $CONTEXTRENDER_JWT_SECRET is unset,
 in its .jac/jwt_secret (owner-only), so tokens stay valid across restarts. The entry module
-(contextrender_server.jac) and jac.toml are copied there at each start (jac start serves the folder
+(contextrender.jac) and jac.toml are copied there at each start (jac start serves the folder
 it runs in); the walkers they import come from the installed package. It listens on
 $CONTEXTRENDER_HOST or 127.0.0.1 (docs/server-and-security.md). Needs the `server` extra.
 """
@@ -21,7 +21,7 @@ from typing import Any
 
 __all__ = ["register", "run", "prepare"]
 
-ENTRY = "contextrender_server.jac"
+ENTRY = "contextrender.jac"
 PROJECT_FILES = (ENTRY, "jac.toml")
 
 
@@ -38,11 +38,11 @@ def _secret(store: Path) -> str:
 
 def prepare(store: Path) -> dict[str, str]:
     """Lay out `store` for `jac start` and return the environment to start it with."""
-    from contextrender_adapters import PROJECT_ROOT
+    from contextrender.jaclang_setup import JAC_ROOT
 
     store.mkdir(parents=True, exist_ok=True)
     for name in PROJECT_FILES:
-        source, target = PROJECT_ROOT / name, store / name
+        source, target = JAC_ROOT / name, store / name
         if not (target.exists() and target.samefile(source)):
             shutil.copyfile(source, target)
     env = dict(os.environ)

@@ -2,7 +2,7 @@
 racing each other. Nothing here runs without Redis (docs/scale-out.md).
 
 - One request at a time per session across processes: a lease in Redis keyed by (user,
-  session_id), taken inside the server's own per-process lock (adapters/server.py RequestGuard)
+  session_id), taken inside the server's own per-process lock (adapters/server/app.py RequestGuard)
   and held to the last byte of the answer, jaclang's commit included. The lease expires
   CONTEXTRENDER_LOCK_LEASE seconds (default 10) after its last renewal; the holder renews it
   every third of that while its request runs, so a slow request keeps it and a process killed
@@ -34,7 +34,7 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-from contextrender_adapters.request_guard import replaying
+from contextrender.server.guard import replaying
 
 logger = logging.getLogger("contextrender.distributed")
 

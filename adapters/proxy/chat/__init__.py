@@ -1,0 +1,1 @@
+"""OpenAI chat completions (`/v1/chat/completions`): its format layer (`wire`) and restore rounds (`restore`)."""

@@ -1,0 +1,45 @@
+"""ContextRender's server class for `jac start`, registered by the server entry (contextrender.jac)
+as a jaclang plugin: `jac start` asks for its server class after it has imported the entry, and
+jaclang asks the last plugin registered first, so ours (adapters/server/app.py) answers before
+jac-scale's. Where jac-scale is not installed (an install without the `server` extra) or its plugin
+is disabled in this process, nothing is registered and nothing heavy imported.
+
+Registered from the entry rather than as an entry point of jaclang's `jac` group: jaclang loads
+that group while it is itself being imported, before `jac start` has imported the entry, and the
+plugin's module would make `contextrender` the Python package in a process where it has to be the
+entry (docs/design-decisions.md, "One name, two faces")."""
+
+from __future__ import annotations
+
+from importlib.util import find_spec
+from typing import Any
+
+from jaclang.jac0core.runtime import hookimpl, plugin_manager
+
+from contextrender.jaclang_setup import user_disabled
+
+__all__ = ["HAS_SERVER", "ServerPlugin", "register_server"]
+
+# jaclang's own names for jac-scale's server plugin (the `scale` entry point, jac_scale.plugin).
+_SCALE_OFF = {"*", "jac-scale:*", "jac-scale:scale", "scale"}
+HAS_SERVER = find_spec("jac_scale") is not None and not _SCALE_OFF & set(user_disabled())
+
+
+class ServerPlugin:
+    @staticmethod
+    @hookimpl
+    def get_api_server_class() -> Any:
+        from contextrender.server.app import server_class
+
+        return server_class()
+
+
+def register_server() -> bool:
+    """Register ServerPlugin with jaclang (once) where jac-scale serves; whether it is registered."""
+    if not HAS_SERVER:
+        return False
+    import jac_scale.plugin  # noqa: F401  (jac-scale's hook registered before ours, so ours answers first)
+
+    if not plugin_manager.is_registered(ServerPlugin):
+        plugin_manager.register(ServerPlugin)
+    return True

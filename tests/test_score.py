@@ -1,0 +1,106 @@
+"""engine/score.jac: the paper's terms on worked examples (c_t with the 1/n weighting, U's terms,
+q_t, R with the similarity penalty) and greedy selection's budget check at the exact fit."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+import contextrender.core  # noqa: F401  (puts the Jac modules on the path and imports jaclang)
+from contextrender import Engine
+from engine.score import (
+    ABLATIONS, greedy_select, latest_exchange_text, observed_use, query_vector, reuse_counts, term_weights, usefulness,
+)
+from tests.conftest import assistant, call, tool, user
+
+
+def select(usefulness_, costs, remaining, vectors=None, wrapper=None, owners=None, penalty=0.5):
+    n = len(costs)
+    vectors = np.eye(n) if vectors is None else np.asarray(vectors, dtype=float)
+    return greedy_select(np.asarray(usefulness_, dtype=float), vectors, costs, wrapper or [0] * n,
+                         owners or [-1] * n, remaining, penalty)
+
+
+def test_a_result_that_costs_exactly_what_is_left_is_taken():
+    chosen = select([1.0, 0.5], costs=[10, 5], remaining=10)
+    assert [p.candidate for p in chosen.picks] == [0] and chosen.remaining == 0
+    # One token less and it does not fit: the next best that does is taken instead.
+    assert [p.candidate for p in select([1.0, 0.5], costs=[10, 5], remaining=9).picks] == [1]
+
+
+def test_the_wrapper_is_paid_once_per_owner_and_counted_in_the_fit():
+    # Two results of one assistant message folded away: the first pays the 3-token wrapper, the second not.
+    chosen = select([1.0, 0.9], costs=[5, 5], wrapper=[3, 3], owners=[7, 7], remaining=13)
+    assert [(p.candidate, p.cost) for p in chosen.picks] == [(0, 8), (1, 5)] and chosen.remaining == 0
+    assert chosen.final_cost == [5, 5]  # the wrapper is paid: neither owes it any more
+
+
+def test_r_is_u_minus_the_penalty_times_the_largest_similarity_to_a_chosen_result():
+    # 1 is a copy of 0: once 0 is taken its R drops by the penalty (0.9 - 0.5 = 0.4) below 2's 0.6.
+    vectors = [[1.0, 0.0], [1.0, 0.0], [0.0, 1.0]]
+    chosen = select([1.0, 0.9, 0.6], costs=[1, 1, 1], remaining=2, vectors=vectors)
+    assert [p.candidate for p in chosen.picks] == [0, 2]
+    assert chosen.picks[1].score == pytest.approx(0.6)
+    assert chosen.final_score[1] == pytest.approx(0.4)
+
+
+def test_exact_ties_favour_the_older_result():
+    assert [p.candidate for p in select([0.5, 0.5, 0.5], costs=[1, 1, 1], remaining=1).picks] == [0]
+
+
+def test_no_candidate_or_no_room_selects_nothing():
+    assert select([], costs=[], remaining=100).picks == []
+    nothing = select([1.0], costs=[11], remaining=10)
+    assert nothing.picks == [] and nothing.remaining == 10
+
+
+def test_reuse_counts_weigh_each_use_one_over_the_holders_for_the_first_holder():
+    # "ORD_1" is held by results 0 and 2 and used 3 times: 1.5 to result 0. "x@y.z" only by 1, used twice.
+    counts = reuse_counts({"ORD_1": 3, "x@y.z": 2}, {"ORD_1": [0, 2], "x@y.z": [1]}, 3)
+    assert list(counts) == [1.5, 2.0, 0.0]
+    assert list(observed_use(counts, [0, 1, 0], 2.0)) == [1.5, 4.0, 0.0]
+
+
+def test_usefulness_is_the_weighted_sum_of_recency_reuse_and_clipped_relevance():
+    terms = usefulness(np.array([0.0, 2.0]), np.array([0.0, 5.0]), np.array([0.8, -0.3]), (1.0, 1.0, 1.0), 0.3, 0.2)
+    assert list(terms.recency) == pytest.approx([1.0, math.exp(-0.6)])
+    assert list(terms.reuse) == pytest.approx([0.0, 1 - math.exp(-1.0)])
+    assert list(terms.relevance) == pytest.approx([0.8, 0.0])  # a negative cosine adds nothing
+    assert list(terms.total) == pytest.approx([1.8, math.exp(-0.6) + 1 - math.exp(-1.0)])
+    no_relevance = usefulness(np.array([1.0]), np.array([0.0]), None, (1.0, 1.0, 1.0), 0.3, 0.2)
+    assert list(no_relevance.relevance) == [0.0]
+
+
+def test_an_ablation_zeroes_the_weights_of_the_terms_it_drops():
+    assert term_weights(ABLATIONS["cr-recency"], 1.0, 2.0, 3.0) == (1.0, 0.0, 0.0)
+    assert term_weights(ABLATIONS["contextrender"], 1.0, 2.0, 3.0) == (1.0, 2.0, 3.0)
+
+
+def test_the_query_mixes_the_first_user_message_with_the_latest_exchange():
+    messages = [user("first ask"), assistant("looking", call("c1", "read_file", {"path": "a.py"})), tool("c1", "x"),
+                user("now the tests")]
+    assert latest_exchange_text(messages) == 'now the tests\nlooking\nread_file {"path": "a.py"}'
+
+    class Fixed:
+        model = "fixed"
+
+        def embed(self, texts):
+            return [np.array([0.0, 2.0])]
+
+    mixed = query_vector(np.array([3.0, 0.0]), messages, Fixed(), 0.4)
+    assert list(mixed) == pytest.approx([0.4, 0.6])
+    assert list(query_vector(np.array([3.0, 0.0]), messages, Fixed(), 0.0)) == pytest.approx([0.0, 1.0])
+
+
+def test_a_history_that_costs_exactly_the_budget_is_sent_whole(tmp_path):
+    engine = Engine(tmp_path / "store")
+    messages = [user("Refund ORD_0001"), assistant(None, call("c1", "lookup", {"id": "ORD_0001"})),
+                tool("c1", "order ORD_0001: " + "item " * 200), assistant("Done.")]
+    whole = engine.render("fit", messages, budget=100_000)
+    cost = whole.history_tokens
+    exact = engine.render("fit", messages, budget=cost)
+    assert exact.history_tokens == cost and exact.omitted == 0 and exact.kept == whole.kept
+    tighter = engine.render("fit", messages, budget=cost - 1)
+    assert tighter.history_tokens <= cost - 1 and tighter.omitted + tighter.compacted >= 1
