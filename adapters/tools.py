@@ -1,4 +1,4 @@
-"""The restore tool for agents that call the engine or the server themselves (issue 19, item 3).
+"""The restore tool for agents that call the engine or the server themselves (docs/restores.md).
 
 A render's stubs say "call contextrender_restore with handle r17" (engine/notices.jac). An agent
 that renders through the in-process `Engine` or a `Client` offers this tool to its model and

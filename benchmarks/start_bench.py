@@ -1,4 +1,4 @@
-"""How long ContextRender takes to start (issue 18's targets on two cores: `import contextrender`
+"""How long ContextRender takes to start (the start targets on two cores, docs/performance.md: `import contextrender`
 <= 2 s, the proxy's first answer <= 5 s after it starts, `contextrender serve` ready <= 10 s warm).
 
     .venv/bin/python benchmarks/start_bench.py --rounds 3

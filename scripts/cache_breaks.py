@@ -1,4 +1,4 @@
-"""Where a replay's prefix cache breaks (docs/restores.md, issue 19's cost): replays traces with
+"""Where a replay's prefix cache breaks (docs/restores.md: what the fold index costs): replays traces with
 `contextrender` and `full` at one budget, as `contextrender replay` does, and sorts contextrender's
 requests by the first message that differs from the session's previous request: none (an append:
 only the new messages are uncached), the fold marker, the fold index, or later. For breaks at the

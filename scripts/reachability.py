@@ -1,4 +1,4 @@
-"""The table of every fold-index variant tried for issue 19 (docs/restores.md): per trace set and
+"""The table of every fold-index variant tried when the fold index was chosen (docs/restores.md): per trace set and
 budget, the recall in view, in view or one restore away, and the cost with the prefix cache
 (ratio to `full`), plain and with the oracle's restores, from the replays kept in
 docs/results/reachability/ (`contextrender replay ... --selector contextrender --json [--oracle-restore]

@@ -1,4 +1,4 @@
-"""The table of every stable-policy setting tried for issue 11 (docs/results.md): CR-Full's recall
+"""The table of every stable-policy setting tried when the stable policy was chosen (docs/results.md): CR-Full's recall
 and its cost with its own prefix cache (ratio to `full`) per budget, from the replays kept in
 docs/results/settings_tried/ (`contextrender replay ... --selector contextrender --json --set k=v`
 on the first 12 mini-SWE traces and the first 60 tau-bench traces; each file lists its settings).

@@ -467,7 +467,7 @@ def _explained(engine: Engine, session_id: str) -> tuple[dict, dict]:
 
 
 def test_explain_and_last_render_are_the_same_after_a_restart(tmp_path):
-    """Issue 23: after a restart explain_render showed the last re-render as an append of nothing
+    """After a restart explain_render showed the last re-render as an append of nothing
     (scores of 0) and get_session's last_render was null. After every call of a conversation that
     passes through, re-renders and appends, an engine reopened on the store (no index, no render
     in memory: all a restart loses) reports exactly what the first one did; and explaining there

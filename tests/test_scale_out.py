@@ -137,7 +137,7 @@ def alternate(cluster, tag: str, **params) -> None:
 
 
 def test_a_conversation_alternating_between_processes_renders_as_on_one(cluster):
-    # Without the fold index (the constant fold marker, as before issue 19).
+    # Without the fold index (the constant fold marker, as before the index).
     alternate(cluster, "constant-marker", fold_index_share=0.0)
 
 

@@ -1,4 +1,4 @@
-"""Issue 9, "Safe to expose": one regression test per hole found by the security and fault test,
+"""Safe to expose: one regression test per hole found by the security and fault test,
 over real HTTP on loopback, each checking that nothing stored changed (list_sessions, get_session
 with messages, export_graph, before and after); concurrent writers on one session; a seeded fuzz
 of every endpoint; the proxy's timeouts, cancellation and status header."""

@@ -262,7 +262,7 @@ def test_a_weak_jwt_secret_stops_the_server(tmp_path):
 
 
 def test_explain_and_last_render_survive_a_server_restart(tmp_path):
-    """Issue 23: explain_render and get_session's last_render after `jac start` is stopped and
+    """explain_render and get_session's last_render after `jac start` is stopped and
     started again on the same store equal what they were before (the last call re-renders)."""
     server = JacServer(tmp_path / "explained").start()
     try:

@@ -285,7 +285,7 @@ def create_app(
     app.state.proxy = proxy
     for protocol in PROTOCOLS:
         app.add_api_route(protocol.path, _route(proxy, protocol), methods=["POST"], name=protocol.name)
-    if inspect:  # the session inspector (issue 22), before the passthrough route below
+    if inspect:  # the session inspector (docs/inspector.md), before the passthrough route below
         app.include_router(inspector.proxy_router(backend))
 
     async def passthrough(request: Request, path: str) -> Response:

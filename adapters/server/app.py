@@ -35,7 +35,7 @@ from typing import Any
 
 import jac_scale.plugin  # noqa: F401  (registers jac-scale's server class hook before ours)
 
-from contextrender.server import access_table  # distributed: issue 21 hook
+from contextrender.server import access_table
 from contextrender.server import distributed
 from contextrender.server.guard import REFUSED_PREFIXES, RequestGuard
 from contextrender.server.secret_checks import (  # noqa: F401 (PUBLIC_DEFAULT_SECRET, strength_problem: re-exported)
@@ -74,7 +74,7 @@ def server_class() -> type:
                 RequestGuard, fields_of=self.request_fields, admin=self.admin_password is not None,
                 root_writers=root_writers | {"delete_session"},
             ))
-            # Issue 21 hook: several processes on one store (adapters/server/distributed.py); nothing without Redis.
+            # Several processes on one store (adapters/server/distributed.py, docs/scale-out.md); nothing without Redis.
             distributed.install(self.server.app, root_writers | {"delete_session"})
             host = os.environ.get("CONTEXTRENDER_HOST") or config.get_server_config().get("host") or "0.0.0.0"
             run_server = self.server.run_server
@@ -134,7 +134,7 @@ def server_class() -> type:
             refused = tuple(REFUSED_PREFIXES) + (() if self.admin_password is not None else ("/admin",))
             self.server._endpoints[:] = [e for e in self.server._endpoints
                                          if not e.path.startswith(refused) and not e.path.endswith("/{nd}")]
-            # Session inspector (issue 22): the page and its files at /contextrender/; its data
+            # The session inspector (docs/inspector.md): the page and its files at /contextrender/; its data
             # comes from POST /walker/<name> with the token of the user who logs in on it.
             from contextrender.inspector import routes as inspector
 
