@@ -60,7 +60,7 @@ def test_the_wheel_carries_the_jac_engine_and_its_compiled_form(dist):
     names = set(zipfile.ZipFile(wheel).namelist())
     for source in JAC_SOURCES:
         assert f"contextrender/jac/{source}" in names, source
-    assert {"contextrender/jac/contextrender.jac", "contextrender/jac/jac.toml", "adapters/__init__.py"} <= names
+    assert {"contextrender/jac/contextrender.jac", "contextrender/jac/jac.toml", "contextrender/__init__.py", "contextrender/inspector/static/inspector.js"} <= names
     compiled = {n for n in names if n.startswith("contextrender/_precompiled/cpython-312/jac/") and n.endswith(".jir")}
     modules = [s for s in JAC_SOURCES if ".impl." not in s] + ["contextrender.jac"]
     assert len(compiled) == len(modules), sorted(compiled)
