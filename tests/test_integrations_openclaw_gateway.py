@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from adapters.fakeupstream import FakeUpstream
+from contextrender.testing.fake_upstream import FakeUpstream
 from contextrender.testing.checks import pairing_problems
 from contextrender.client import Client
 from engine.measure import get_tokenizer

@@ -21,7 +21,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from adapters.fakeupstream import FakeUpstream, free_port, named_handles
+from contextrender.testing.fake_upstream import FakeUpstream, free_port, named_handles
 from contextrender.testing.checks import pairing_problems
 from contextrender.client import Client
 from engine.measure import get_tokenizer
