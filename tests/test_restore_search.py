@@ -55,3 +55,26 @@ def test_no_match_and_bad_queries(engine: Engine):
             engine.search_results("s", bad)
     with pytest.raises(UnknownSession):
         engine.search_results("nobody", "quota")
+
+
+def test_a_value_goes_to_the_result_it_came_from_and_a_named_call_is_not_drowned(engine: Engine):
+    """A value a later result repeats (a test run printing the id a grep found) is found first in
+    the result it came from (Tool-Flow Analysis' attribution; newer results no longer win the tie),
+    but not in a result whose own call passed it. A model's long question that names a call among
+    many other words finds that call's result first."""
+    messages = [user("Why does the invoice fail?")]
+    outputs = [
+        ("grep", {"pattern": "load_invoice"}, "ledger.py:4: INV_90412 = load_invoice()\n"),
+        ("bash", {"command": "cat notes.txt"}, "the invoice ledger post total amount is checked twice\n" * 3),
+        ("bash", {"command": "pytest -q tests/test_invoice.py"}, "FAILED test_total: INV_90412 total mismatch\n"),
+        ("read_file", {"path": "src/INV_90412.json"}, "{\"id\": \"INV_90412\", \"total\": 12}\n"),
+        ("bash", {"command": "git log -3"}, "commit 1 invoice ledger total fix\n"),
+    ]
+    for (i, (name, arguments, output)) in enumerate(outputs):
+        messages += [assistant(None, call(f"c{i}", name, arguments)), tool(f"c{i}", output)]
+    engine.ingest("v", messages)
+    ranked = [m["handle"] for m in engine.search_results("v", "INV_90412")["matches"]]
+    assert ranked[0] == "r1" and set(ranked) == {"r1", "r3", "r4"}  # r4's call passed the value: not its source
+    question = ("I need the output of pytest -q tests/test_invoice.py again: the invoice ledger total is "
+                "checked twice and the post amount may be wrong, see the notes and the git log")
+    assert engine.search_results("v", question)["matches"][0]["handle"] == "r3"
