@@ -187,12 +187,13 @@ def check_session_page(driver, url: str, backend, done: dict, shots: str = "") -
     assert [r["tool"] for r in results] == ["read_file"] * READS + ["grep"]
     statuses = {r["handle"]: r["status"] for r in results}
     assert statuses == {r["handle"]: r["status"] for r in truth["results"]}
-    # The omitted ones are those the last request forwarded upstream showed as stubs.
-    assert {h for (h, s) in statuses.items() if s == "omitted"} == set(done["last_stubs"]) != set()
+    # The stubs are those the last request forwarded upstream showed as stubs (nothing folds here).
+    assert {h for (h, s) in statuses.items() if s == "stub"} == set(done["last_stubs"]) != set()
     assert "kept" in statuses.values()
-    counts = {s: list(statuses.values()).count(s) for s in ("kept", "omitted", "compacted")}
+    counts = {s: list(statuses.values()).count(s) for s in ("kept", "stub", "folded", "dropped", "compacted")}
     assert driver.find_element("id", "count-kept").text.endswith(f"{last['kept']:,}")
-    assert counts["kept"] == last["kept"] and counts["omitted"] == last["omitted"]
+    assert counts["kept"] == last["kept"] and counts["stub"] + counts["folded"] + counts["dropped"] == last["omitted"]
+    assert counts["stub"] == last["stubbed"] and counts["folded"] == last["folded"] == 0
     # r1 was reused by the grep: its reuse edges name the values.
     assert "ledger_0_3" in next(r["reuse edges"] for r in results if r["handle"] == "r1")
     # The restore the model asked, in the restores table and on its result's row.
@@ -242,6 +243,69 @@ def test_the_proxy_inspector_draws_a_tool_using_conversation(browser, engine):
         # A session that does not exist: the page says so.
         browser.get(f"{url}#/session/no-such-session")
         assert "no-such-session" in wait_for(browser, "#error")[0].text
+
+
+def walkthrough(proxy_url: str) -> list[dict]:
+    """README.md's walkthrough: the fake model reads a file at every call, B = 600, 12 rounds;
+    the oldest turns fold behind the marker. Returns the agent's messages."""
+    messages = [{"role": "user", "content": "Fix the bug in src/."}]
+    with httpx.Client(base_url=proxy_url, timeout=60) as http:
+        for n in range(1, 13):
+            response = http.post("/v1/chat/completions", headers={SESSION_HEADER: "walkthrough"}, json={"model": "fake", "messages": messages})
+            assert response.status_code == 200, response.text
+            answer = response.json()["choices"][0]["message"]
+            text = "files: " + " ".join(f"src/module_{k}.py" for k in range(2, 13)) if n == 1 else f"def step_{n}(x):\n" + "    x = x + 1\n" * 20
+            messages += [{k: v for k, v in answer.items() if v is not None}, {"role": "tool", "tool_call_id": answer["tool_calls"][0]["id"], "content": text}]
+    return messages
+
+
+def test_the_inspector_shows_each_result_as_the_forwarded_request_showed_it(browser, engine):
+    """After the walkthrough, every result's status on the page is what the last request the
+    proxy forwarded showed: in full (kept), a stub naming its handle, or absent behind the fold
+    marker (folded); the tiles count them, each row says why, and the page shows the messages as
+    the model received them, the marker included (issue 32: the page said "stubbed 8" and "did
+    not fit: needs 0 tokens" for the seven folded results)."""
+    with FakeUpstream(default_tool="read_file") as upstream, LoopbackServer(create_app(engine, upstream.base_url, 600)) as proxy:
+        messages = walkthrough(proxy.url)
+        forwarded = httpx.get(upstream.base_url.rsplit("/v1", 1)[0] + "/_fake/last").json()["messages"]
+        wait_until_stored(engine, "walkthrough", len(messages) - 1)
+        originals = {m["tool_call_id"]: m["content"] for m in messages if m["role"] == "tool"}
+        sent = {m["tool_call_id"]: m["content"] for m in forwarded if m["role"] == "tool"}
+        browser.get(f"{proxy.url}/contextrender/#/session/walkthrough")
+        wait_for(browser, "#received")
+        rows = cells(browser, "results")
+        assert len(rows) == 11
+        for row in rows:
+            call_id = next(r["call_id"] for r in engine.inspect("walkthrough")["results"] if r["handle"] == row["handle"])
+            if call_id not in sent:
+                expected = "folded"
+            elif sent[call_id] == originals[call_id]:
+                expected = "kept"
+            else:
+                assert f'handle "{row["handle"]}"' in sent[call_id]
+                expected = "stub"
+            assert row["status"] == expected, (row, sent.get(call_id, "")[:80])
+        statuses = [r["status"] for r in rows]
+        assert statuses.count("folded") >= 1 and statuses.count("stub") >= 1
+        assert forwarded[0]["role"] == "user" and forwarded[0]["content"].startswith("[ContextRender")  # the marker
+        # The tiles count what the model met.
+        assert browser.find_element("id", "count-stubbed").text.endswith(str(statuses.count("stub")))
+        assert browser.find_element("id", "count-folded-results").text.endswith(str(statuses.count("folded")))
+        # Each folded row says it is folded, not that it "did not fit".
+        for row in rows:
+            if row["status"] == "folded":
+                assert row["reason"].startswith("folded behind the marker") and "did not fit" not in row["reason"]
+            if row["status"] == "stub":
+                assert "stub" in row["reason"]
+        # What the model received: the forwarded history, message by message, the marker first.
+        received = cells(browser, "received")
+        history = [m for m in forwarded if m["role"] != "system"]
+        assert [r["role"] for r in received] == [m["role"] for m in history]
+        assert received[0]["kind"] == "marker" and forwarded[0]["content"] in received[0]["text"]
+        for r, m in zip(received, history):
+            if m["role"] == "tool":
+                assert r["kind"] in ("kept", "stub", "compacted") and m["content"] in r["text"]
+        shoot(browser, "walkthrough")
 
 
 def test_the_proxy_inspector_answers_loopback_only(engine):
@@ -355,7 +419,8 @@ def test_the_render_log_keeps_what_each_render_sent(engine):
     for r in log:
         detail = engine.inspect("log", render=r["n"])
         statuses = [x["status"] for x in detail["results"]]
-        assert statuses.count("kept") == r["kept"] and statuses.count("omitted") == r["omitted"]
+        omitted = statuses.count("stub") + statuses.count("folded") + statuses.count("dropped")
+        assert statuses.count("kept") == r["kept"] and omitted == r["omitted"] and statuses.count("stub") == r["stubbed"]
         assert statuses.count("not rendered") == READS + 1 - r["results"]
     # The cache: an append repeats the whole previous request; a re-render shares less of it.
     for before, now in zip(log, log[1:]):
@@ -400,8 +465,9 @@ def test_the_graph_picture_draws_the_chain_with_statuses_reuse_and_restores(engi
     omitted = [d.handle for d in rendered.decisions if d.status == "omitted"]
     engine.restore("pic", omitted[0])
     dot = engine.export_graph("pic", format="dot")["dot"]
+    shown = {r["handle"]: r["status"] for r in engine.inspect("pic")["results"]}
     for d in rendered.decisions:
-        assert f"{d.handle} {d.tool_name}\\n{d.tokens} tok · {d.status}" in dot
+        assert f"{d.handle} {d.tool_name}\\n{d.tokens} tok · {shown[d.handle]}" in dot
     assert "reuses w=" in dot and "ledger_0_3" in dot and "restore at turn" in dot and "cluster_legend" in dot
     assert "shelf" not in dot and "Session" not in dot
     svg = engine.export_graph("pic", format="svg")["svg"]
@@ -489,30 +555,46 @@ def test_the_log_text_is_written_from_its_kept_entries_and_read_again_when_anoth
     engine.close()
 
 
-def test_status_code_run_length_codes_every_result_and_expands_back():
-    """The statuses of a render, one letter a result, run-length coded: compared with a plain
-    count of runs on plans of random choices (and expanded back to the statuses)."""
+def test_status_code_reads_what_the_model_met_and_expands_back():
+    """The statuses of a render, one letter a result, read from the rendered messages and
+    run-length coded: compared with a plain per-result reading on random renders (results sent
+    whole, compacted or as stubs; the others folded before the fold's end, dropped after it), and
+    expanded back to the statuses."""
     import random
     from types import SimpleNamespace
 
-    from walkers.renderlog import expand_statuses, status_code
+    from walkers.renderlog import expand_statuses, status_code, status_counts
 
-    names = {"k": "kept", "c": "compacted", "o": "omitted"}
+    names = {"k": "kept", "c": "compacted", "s": "stub", "f": "folded", "d": "dropped"}
     rng = random.Random(7)
     for results in (0, 1, 2, 5, 60, 300):
-        for _ in range(20):
-            # (A shown number past the results is not coded.)
-            chosen = {r for r in range(results + 2) if rng.random() < (0.3 if _ % 2 else 0.9)}
-            kept = {r for r in range(results) if rng.random() < 0.1}
-            compacted = {r: {} for r in chosen if rng.random() < 0.2}
-            plan = SimpleNamespace(choice=SimpleNamespace(chosen=chosen), always_kept=kept, compacted=compacted)
-            letters = [("c" if r in compacted else "k") if r in chosen | kept else "o" for r in range(results)]
+        for trial in range(20):
+            events = sorted(rng.sample(range(1, 4 * results + 2), results))
+            stored = [{"role": "tool", "tool_call_id": f"c{r}", "content": f"result {r}"} for r in range(results)]
+            fold_start = rng.choice([0, rng.randint(0, 4 * results + 2)])
+            sent, letters = [], []
+            for r in range(results):
+                folded = events[r] < fold_start
+                way = rng.choice("kcsx" if trial % 2 else "kkkcsx")
+                if way == "x":
+                    letters.append("f" if folded else "d")
+                    continue
+                letters.append(way)
+                sent.append(stored[r] if way == "k" and rng.random() < 0.5 else
+                            {**stored[r], "content": stored[r]["content"] if way == "k" else f"[{way} of {r}]"})
+            messages = [{"role": "system", "content": "s"}] + sent + [{"role": "tool", "tool_call_id": "restore-1", "content": "x"}]
+            index = SimpleNamespace(answered={f"c{r}": r for r in range(results)}, result_event=events,
+                                    messages={e: stored[r] for r, e in enumerate(events)})
+            plan = SimpleNamespace(compacted={r: {} for r in range(results) if letters[r] == "c"}, fold_start=fold_start)
             runs: list[list] = []
             for letter in letters:
                 if runs and runs[-1][0] == letter:
                     runs[-1][1] += 1
                 else:
                     runs.append([letter, 1])
-            code = status_code(plan, SimpleNamespace(selected=True, results=results))
+            code = status_code(plan, SimpleNamespace(selected=True, results=results, messages=messages), index)
             assert code == "".join(f"{letter}{n}" for letter, n in runs)
             assert expand_statuses(code) == [names[letter] for letter in letters]
+            assert status_counts(code) == {k: letters.count(k) for k in set(letters)}
+    assert status_code(None, SimpleNamespace(selected=False, results=4, messages=[]), None) == "k4"
+    assert expand_statuses("k2o3") == ["kept", "kept", "omitted", "omitted", "omitted"]  # a log written before

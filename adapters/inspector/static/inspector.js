@@ -62,10 +62,10 @@ const usd = (x) => "$" + Number(x).toFixed(6);
 
 function table(id, columns, rows, options = {}) {
   const head = el("tr", {}, columns.map((c) => el("th", { class: c.num ? "num" : "", title: c.title || null, text: c.label })));
-  const body = rows.map((row) => {
+  const body = rows.map((row, i) => {
     const tr = el("tr", options.rowAttrs ? options.rowAttrs(row) : {},
       columns.map((c) => {
-        const value = c.cell(row);
+        const value = c.cell(row, i);
         return el("td", { class: c.num ? "num" : c.cls || "" }, value);
       }));
     if (options.onclick) { tr.classList.add("clickable"); tr.addEventListener("click", () => options.onclick(row)); }
@@ -183,6 +183,7 @@ function timeline(id, data, chosen) {
     { label: "whole history", num: true, cell: (r) => fmt(r.full_history_tokens) },
     { label: "kept", num: true, cell: (r) => fmt(r.kept) },
     { label: "stubbed", num: true, cell: (r) => fmt(r.stubbed) },
+    { label: "folded", num: true, title: "results folded behind the marker", cell: (r) => fmt(r.folded) },
     { label: "dropped", num: true, cell: (r) => fmt(r.dropped) },
     { label: "compacted", num: true, cell: (r) => fmt(r.compacted) },
     { label: "folded msgs", num: true, cell: (r) => fmt(r.folded_messages) },
@@ -218,8 +219,19 @@ function resultsTable(data) {
     { label: "c_t", num: true, title: "reuse count (restores included where they count)", cell: (r) => d(r, "reuse_count", 2) },
     { label: "reuse edges", cell: reuseList },
     { label: "restores", num: true, cell: (r) => String(r.restores.length) },
-    { label: "reason", cls: "reason", cell: (r) => (r.decision ? r.decision.reason : (scored ? "" : "—")) },
+    { label: "reason", cls: "reason", cell: (r) => r.reason || (r.decision ? r.decision.reason : (scored ? "" : "—")) },
   ], data.results, { rowAttrs: (r) => ({ "data-handle": r.handle, "data-status": r.status }) });
+}
+
+// The last render's messages as sent: each with its role, what it is (a result by its status,
+// the fold marker, its index) and its text.
+function receivedTable(received) {
+  return table("received", [
+    { label: "#", num: true, cell: (m, i) => String(i) },
+    { label: "role", cell: (m) => m.role },
+    { label: "what", cell: (m) => (m.handle ? el("span", {}, badge(m.kind), " ", el("code", { text: m.handle })) : m.kind) },
+    { label: "text", cls: "received-text", cell: (m) => el("pre", { text: [m.text, ...(m.calls || [])].filter(Boolean).join("\n") }) },
+  ], received, { rowAttrs: (m) => ({ "data-kind": m.kind, "data-handle": m.handle || "" }) });
 }
 
 // A session's heading: its name when it has one, with its key.
@@ -254,6 +266,7 @@ async function sessionView(id, renderNumber) {
     parts.push(el("p", { class: "note", id: "render-reason", text: chosen.reason }));
     parts.push(el("div", { class: "cards", id: "render-counts" },
       card("kept", fmt(chosen.kept), "count-kept"), card("stubbed", fmt(chosen.stubbed), "count-stubbed"),
+      card("folded results", fmt(chosen.folded), "count-folded-results"), card("dropped", fmt(chosen.dropped), "count-dropped"),
       card("compacted", fmt(chosen.compacted), "count-compacted"), card("folded messages", fmt(chosen.folded_messages), "count-folded"),
       card("cache share", pct(chosen.cache_share), "count-cache"), card("cost vs everything", pct(chosen.cost_ratio), "count-cost")));
     if (!isLast) {
@@ -262,6 +275,10 @@ async function sessionView(id, renderNumber) {
   }
   parts.push(el("h2", { text: `Tool results (${data.results.length})` }));
   parts.push(data.results.length ? resultsTable(data) : el("p", { class: "note", text: "No tool results yet." }));
+  if (data.received && data.received.length) {
+    parts.push(el("h2", { id: "received-title", text: `What the model received (render #${last.n})` }));
+    parts.push(receivedTable(data.received));
+  }
   parts.push(el("h2", { text: `Restores asked (${data.restores.length})` }));
   parts.push(data.restores.length ? table("restores", [
     { label: "handle", cell: (r) => el("code", { text: r.handle }) },
