@@ -263,7 +263,7 @@ def test_the_inspector_shows_each_result_as_the_forwarded_request_showed_it(brow
     """After the walkthrough, every result's status on the page is what the last request the
     proxy forwarded showed: in full (kept), a stub naming its handle, or absent behind the fold
     marker (folded); the tiles count them, each row says why, and the page shows the messages as
-    the model received them, the marker included (issue 32: the page said "stubbed 8" and "did
+    the model received them, the marker included (the page said "stubbed 8" and "did
     not fit: needs 0 tokens" for the seven folded results)."""
     with FakeUpstream(default_tool="read_file") as upstream, LoopbackServer(create_app(engine, upstream.base_url, 600)) as proxy:
         messages = walkthrough(proxy.url)

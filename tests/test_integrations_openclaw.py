@@ -195,3 +195,23 @@ def test_from_chat_keeps_the_fold_index_apart_from_openclaws_messages():
         assert [m["role"] for m in out] == ["user", "assistant", "toolResult", "user", "assistant", "toolResult", "user", "assistant", "toolResult"]
         assert out[3]["content"].startswith(heading)
         assert out[6:] == messages[5:]  # the user's question, the restore call and its result, as they were
+
+
+def test_the_turn_estimate_is_at_least_tiktokens_count_on_dense_texts():
+    """The plugin (no tokenizer in Node) charges a turn's results by estimateTokens: it must not
+    count fewer tokens than tiktoken (o200k_base) on the texts that tokenise densely (identifiers
+    and numbers, JSON, code), or a model call could go over B; on prose it may count more."""
+    samples = [
+        "\n".join(f"report_{i} row {j}: counter_{i}_{j} = {j * 17 + i}" for i in range(3) for j in range(25)),
+        "\n".join(f"notes_1 line {j}: the value of setting_{j} is {j}" for j in range(60)),
+        " ".join(f"file_3_line_{j} = value_{j}" for j in range(40)),
+        json.dumps([{"flight_number": f"HAT{j:03d}", "date": "2024-05-20", "price": 100 + j, "seats": {"economy": j}} for j in range(30)]),
+        (ROOT / "adapters" / "tools.py").read_text()[:6000],
+        (ROOT / "README.md").read_text()[:5000],
+    ]
+    script = (f"import {{ estimateTokens }} from {json.dumps((PACKAGE / 'index.mjs').as_uri())};"
+              "let input = ''; for await (const c of process.stdin) input += c;"
+              "process.stdout.write(JSON.stringify(JSON.parse(input).map(estimateTokens)))")
+    estimates = run_module(script, samples)
+    for text, estimate in zip(samples, estimates):
+        assert TOK.count(text) <= estimate <= 1.6 * TOK.count(text), (text[:60], TOK.count(text), estimate)

@@ -15,6 +15,17 @@
 //   what it holds), so a retried advancement key cannot store a turn twice.
 // - ownsCompaction: OpenClaw's own compaction is off. compact (`/compact`, overflow) keeps the
 //   transcript whole: every call is rendered within B anyway, so there is nothing to summarise away.
+// - The current turn: OpenClaw hands assemble only the messages from before the turn's prompt and
+//   appends the turn's own (the prompt, the model's calls and their results) unrendered. So, with a
+//   plugin budget B, a tool-result middleware (`api.registerAgentToolResultMiddleware`, runtime
+//   "openclaw") keeps the turn's results within TURN_RESULTS of B: a result that fits is kept
+//   whole, one that does not is cut to the room left, or stubbed, under a turn handle
+//   ("turn:<call id>") that the restore tool answers; the original is kept in a file of OpenClaw's
+//   state folder (OpenClaw hands an engine no result's details), and the next turns' assemble sends it to
+//   the server in the note's place, so the server stores the result itself. A restore's
+//   answer comes whole (as the proxy's restore rounds): assemble renders the history before the
+//   turn within B less the turn's own calls and results (estimated), restores included, so every
+//   model call of the turn stays within B while the turn's own messages do.
 // - Fail open: every lifecycle method catches its errors (a throwing engine is quarantined):
 //   assemble then returns OpenClaw's messages unchanged, the restore tool a sentence; both log a
 //   warning.
@@ -30,6 +41,33 @@
 // may take, default 30: past it the call fails open, as with the server down).
 
 export const RESTORE_TOOL = "contextrender_restore"
+// The share of B the current turn's tool results may take (restores aside: their answers come
+// whole, as the proxy's restore rounds do; the history before the turn makes room for them).
+export const TURN_RESULTS = 1 / 3
+// Below this room (estimated tokens) a result that does not fit is a stub only, not cut.
+const MIN_CUT = 48
+const TURN_HANDLE = /^turn:(.+)$/
+// A turn note's handle, as turnNote writes it (a note standing alone or after a cut's start).
+const TURN_NOTE = /\[ContextRender: (?:the rest of )?this .* result \(about [0-9]+ tokens\) is left out to fit the history budget\. To see it in full, call contextrender_restore with handle "(turn:[^"]+)"\.\]$/
+/** A token estimate a little above tiktoken's (o200k_base) for identifiers and numbers, the dense
+ *  case (a file of `counter_3_7 = 126` rows is 2.2 characters a token), and above it for prose:
+ *  a word counts a token per 6 letters, a number one per 3 digits, any other character one. */
+const PIECES = /[A-Za-z]+|[0-9]+|\n+|[^\sA-Za-z0-9]/g
+export function estimateTokens(text) {
+  let tokens = 0
+  for (const [piece] of String(text ?? "").matchAll(PIECES)) {
+    const first = piece.charCodeAt(0)
+    tokens += first >= 48 && first <= 57 ? Math.ceil(piece.length / 3) : /[A-Za-z]/.test(piece[0]) ? Math.ceil(piece.length / 6) : 1
+  }
+  return Math.ceil(tokens * 1.1)
+}
+
+/** The longest start of `text` whose estimate is at most `tokens`. */
+function headOf(text, tokens) {
+  let end = Math.floor((text.length * tokens) / Math.max(1, estimateTokens(text)))
+  while (end > 0 && estimateTokens(text.slice(0, end)) > tokens) end = Math.floor(end * 0.9)
+  return text.slice(0, end)
+}
 const RESTORE_DESCRIPTION =
   "Show again, complete, a tool result that ContextRender left out of this conversation " +
   "to fit its history budget. The placeholder that stands for the result names its handle."
@@ -139,6 +177,16 @@ export function fromChat(messages, rendered) {
   return out
 }
 
+/** What stands for a result of the current turn that does not fit: its first `shown` characters
+ *  (none for a stub) and where the whole is. */
+export function turnNote(toolName, tokens, handle, cut) {
+  const what = `this ${toolName || "tool"} result (about ${tokens} tokens)`
+  const how = `To see it in full, call ${RESTORE_TOOL} with handle "${handle}".`
+  return cut
+    ? `${cut}\n[ContextRender: the rest of ${what} is left out to fit the history budget. ${how}]`
+    : `[ContextRender: ${what} is left out to fit the history budget. ${how}]`
+}
+
 /** The rendered report from a jac-scale envelope: {ok, data: {reports: [report]}}. */
 function report(body) {
   if (body && body.ok === false) throw new Error(`ContextRender: ${JSON.stringify(body.error ?? body)}`)
@@ -192,8 +240,82 @@ export function unview(messages, last) {
 }
 const VIEWS_KEPT = 256 // sessions whose last view this process remembers
 
+// The current turn of each session: {key, tokens, originals}. Module-wide: OpenClaw may load the
+// plugin twice in one process (the tool-result middleware through a registry of its own), and the
+// middleware, assemble and the restore tool must share it.
+const TURNS = new Map()
+function turnOf(session, key) {
+  let turn = TURNS.get(session)
+  if (!turn || (key !== undefined && turn.key !== key)) {
+    // A new turn (assemble's history and prompt moved): its results start the count again.
+    turn = { key: key ?? turn?.key, tokens: 0, originals: turn?.originals ?? new Map() }
+    TURNS.delete(session)
+    TURNS.set(session, turn)
+    if (TURNS.size > VIEWS_KEPT) TURNS.delete(TURNS.keys().next().value)
+  }
+  return turn
+}
+
+/** Where the originals of the turn's cut results are kept: a Map in this process (tests, hosts
+ *  without a state folder), or files in OpenClaw's state folder (`storeOf`). */
+export function memoryStore() {
+  const kept = new Map()
+  return {
+    async get(key) { return kept.get(key) },
+    async put(key, value) {
+      kept.delete(key)
+      kept.set(key, value)
+      if (kept.size > 4096) kept.delete(kept.keys().next().value)
+    },
+  }
+}
+
+/** Files under `folder`, one a kept original (OpenClaw's keyed plugin state is for trusted, npm
+ *  installed plugins only): the oldest go past FILES_KEPT, checked once a process. */
+const FILES_KEPT = 4096
+export function fileStore(folder) {
+  let pruned = false
+  const path = async (key) => {
+    const { createHash } = await import("node:crypto")
+    const { join } = await import("node:path")
+    return join(folder, `${createHash("sha256").update(key).digest("hex").slice(0, 40)}.txt`)
+  }
+  return {
+    async get(key) {
+      const { readFile } = await import("node:fs/promises")
+      return readFile(await path(key), "utf8").catch(() => undefined)
+    },
+    async put(key, text) {
+      const fs = await import("node:fs/promises")
+      await fs.mkdir(folder, { recursive: true })
+      const file = await path(key)
+      await fs.writeFile(`${file}.part`, text, "utf8")
+      await fs.rename(`${file}.part`, file)
+      if (pruned) return
+      pruned = true
+      const names = (await fs.readdir(folder)).filter((n) => n.endsWith(".txt"))
+      if (names.length <= FILES_KEPT) return
+      const { join } = await import("node:path")
+      const dated = await Promise.all(names.map(async (n) => [n, (await fs.stat(join(folder, n))).mtimeMs]))
+      dated.sort((a, b) => a[1] - b[1])
+      await Promise.all(dated.slice(0, names.length - FILES_KEPT).map(([n]) => fs.rm(join(folder, n), { force: true })))
+    },
+  }
+}
+
+/** The store of the turn's originals for OpenClaw: files in its state folder (else memoryStore). */
+export function storeOf(api) {
+  let folder
+  try {
+    folder = api?.runtime?.state?.resolveStateDir?.()
+  } catch {
+    folder = undefined
+  }
+  return typeof folder === "string" && folder ? fileStore(`${folder}/plugins/contextrender/turn-originals`) : memoryStore()
+}
+
 /** The context engine and the restore tool, bound to one server. */
-export function createContextRender(pluginConfig, log = console) {
+export function createContextRender(pluginConfig, log = console, store = memoryStore()) {
   const s = settings(pluginConfig)
   // A server that takes the connection and never answers would hold OpenClaw's model call for
   // good (Node's fetch does not give up on its own): past `timeout` the call fails (fail-open).
@@ -221,6 +343,21 @@ export function createContextRender(pluginConfig, log = console) {
     return report(body)
   }
   const committed = new Map() // session -> advancement keys seen by this process
+  const checked = new Set() // sessions whose first turn found the server (or logged that it did not)
+  /** `messages` with each earlier turn's note replaced by the result it stood for (the store's copy). */
+  async function withOriginals(session, messages) {
+    let out = messages
+    for (let k = 0; k < messages.length; k++) {
+      const message = messages[k]
+      const handle = message?.role === "toolResult" ? TURN_NOTE.exec(textOf(message.content))?.[1] : undefined
+      if (!handle) continue
+      const kept = await store.get(`${session}|${handle}`).catch(() => undefined)
+      if (typeof kept !== "string") continue
+      if (out === messages) out = messages.slice()
+      out[k] = { ...message, content: [{ type: "text", text: kept }] }
+    }
+    return out
+  }
   const views = new Map() // session -> the last assemble's viewOf
   const remember = (session, view) => {
     views.delete(session)
@@ -244,14 +381,27 @@ export function createContextRender(pluginConfig, log = console) {
       // Stored at the next assemble (the render ingests what the server has not seen).
       return { ingested: false }
     },
-    async assemble({ sessionId, sessionKey, messages: given, tokenBudget }) {
+    async assemble({ sessionId, sessionKey, messages: given, tokenBudget, prompt }) {
       const session = sessionName(sessionKey, sessionId)
-      const budget = Math.min(s.budget ?? tokenBudget ?? 6000, tokenBudget ?? Infinity)
       let messages = given
       try {
-        messages = unview(given, views.get(session))
+        messages = await withOriginals(session, unview(given, views.get(session)))
+        // The turn's own calls and results come after this history, unrendered: B less what they
+        // hold (the prompt, as the current user message of any render, is not charged to B).
+        const turn = turnOf(session, `${messages.length}\u0000${prompt ?? ""}`)
+        const pending = s.budget ? turn.tokens : 0
+        const budget = Math.max(64, Math.min(s.budget ? s.budget - pending : tokenBudget ?? 6000, tokenBudget ?? Infinity))
         const chat = toChat(messages)
-        if (chat.length === 0) return { messages: given, estimatedTokens: 0 }
+        if (chat.length === 0) {
+          if (!checked.has(session)) {
+            checked.add(session)
+            // A first turn has no history to render: ask the server whether it is there, so a
+            // dead server is said now, not at the second turn.
+            await post("health", {}).catch((error) => log.warn(`contextrender: the server at ${s.url} did not answer for ${session}; the next turns go unrendered until it does (${error?.message ?? error})`))
+          }
+          return { messages: given, estimatedTokens: 0 }
+        }
+        checked.add(session)
         const rendered = await post("render_context", { session_id: session, messages: chat, budget, selector: s.selector })
         if (!Array.isArray(rendered?.messages)) throw new Error("ContextRender: no rendered messages in the server's answer")
         const out = fromChat(messages, rendered.messages)
@@ -284,8 +434,41 @@ export function createContextRender(pluginConfig, log = console) {
     },
   }
 
+  /** The tool-result middleware: the current turn's results within the turn's share of B. */
+  async function cutTurnResult(event, ctx) {
+    if (!s.budget) return undefined // B is OpenClaw's own budget: its guards hold the turn
+    const session = sessionName(ctx?.sessionKey, ctx?.sessionId)
+    const turn = turnOf(session)
+    const content = Array.isArray(event?.result?.content) ? event.result.content : []
+    const text = textOf(content)
+    const tokens = estimateTokens(text)
+    // The call and its message around the result, and the narration before it: a few tokens more.
+    const call = estimateTokens(JSON.stringify(event?.args ?? {})) + 32
+    const room = Math.floor(TURN_RESULTS * s.budget) - turn.tokens - call
+    if (tokens <= room || event?.toolName === RESTORE_TOOL || content.some((p) => p?.type !== "text")) {
+      turn.tokens += tokens + call
+      return undefined
+    }
+    const handle = `turn:${event.toolCallId}`
+    // Kept where the next turns find it (OpenClaw hands an engine no result's details); a result
+    // that cannot be kept is not cut (the store's error leaves it whole).
+    await store.put(`${session}|${handle}`, text)
+    turn.originals.set(handle, text)
+    if (turn.originals.size > VIEWS_KEPT) turn.originals.delete(turn.originals.keys().next().value)
+    const stub = turnNote(event.toolName, tokens, handle, "")
+    const left = room - estimateTokens(stub)
+    const note = left >= MIN_CUT ? turnNote(event.toolName, tokens, handle, headOf(text, left)) : stub
+    turn.tokens += estimateTokens(note) + call
+    return { result: { ...event.result, content: [{ type: "text", text: note }] } }
+  }
+
   async function restore(session, handle) {
     if (typeof handle !== "string" || !handle) return `${RESTORE_TOOL} needs a handle, such as {"handle": "r17"}: the placeholder names it.`
+    if (TURN_HANDLE.test(handle)) {
+      // A result of the current turn: the server has not seen the turn yet; this process kept it.
+      const kept = TURNS.get(session)?.originals.get(handle) ?? (await store.get(`${session}|${handle}`).catch(() => undefined))
+      return kept ?? `There is no result "${handle}" in this turn any more: use a handle a placeholder of the history names.`
+    }
     try {
       const restored = await post("restore_result", { session_id: session, handle })
       return textOf(restored?.message?.content)
@@ -318,12 +501,24 @@ export function createContextRender(pluginConfig, log = console) {
     },
   })
 
-  return { engine, restoreTool, restore }
+  const toolResultMiddleware = async (event, ctx) => {
+    try {
+      return await cutTurnResult(event, ctx)
+    } catch (error) {
+      log.warn(`contextrender: the turn's result ${event?.toolCallId} kept whole (${error?.message ?? error})`)
+      return undefined
+    }
+  }
+
+  return { engine, restoreTool, restore, toolResultMiddleware }
 }
 
 /** The plugin entry OpenClaw loads (openclaw.plugin.json, package.json "openclaw.extensions"). */
 export default function register(api) {
-  const { engine, restoreTool } = createContextRender(api.pluginConfig, api.logger ?? console)
+  const { engine, restoreTool, toolResultMiddleware } = createContextRender(api.pluginConfig, api.logger ?? console, storeOf(api))
   api.registerContextEngine("contextrender", () => engine)
   api.registerTool(restoreTool, { name: RESTORE_TOOL })
+  // The current turn's results (openclaw.plugin.json declares contracts.agentToolResultMiddleware).
+  if (typeof api.registerAgentToolResultMiddleware === "function")
+    api.registerAgentToolResultMiddleware(toolResultMiddleware, { runtimes: ["openclaw"] })
 }
