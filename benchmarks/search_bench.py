@@ -35,8 +35,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from contextrender_adapters import Engine  # noqa: E402
-from contextrender_adapters.core import content_text  # noqa: E402
+from contextrender import Engine  # noqa: E402
+from contextrender.core import content_text  # noqa: E402
 from contextrender_eval.evaluate import result_handles, reuse_events, visible_results  # noqa: E402
 from contextrender_eval.replay import assistant_turns, load_traces  # noqa: E402
 

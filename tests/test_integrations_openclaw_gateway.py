@@ -253,7 +253,7 @@ def read_call_of(path: str, tag: str) -> list[dict]:
 def test_a_dead_server_is_logged_at_the_first_turn(tmp_path):
     """A first turn has no history to render; the plugin asks the server whether it is there, so a
     dead server is said at once (it failed open silently until the second turn)."""
-    from adapters.fakeupstream import free_port
+    from contextrender.testing.fake_upstream import free_port
 
     with FakeUpstream() as upstream:
         run = openclaw(tmp_path, upstream, f"http://127.0.0.1:{free_port()}", "", {"a.txt": "hello"})
