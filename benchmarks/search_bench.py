@@ -16,7 +16,7 @@ restore tool's `query` form calls) with what a model at that turn would know of 
 
 A search counts as found when the result's handle is among the first `--top` answers (3). The
 script prints, per trace file and per query kind, the searches made, found at 1 and found at
-`--top`, and the settings it ran with; and, beside the `step` row, the share of its searches
+`--top`, the median time of one search (in-process, ms), and the settings it ran with; and, beside the `step` row, the share of its searches
 whose turn reuses no more than `--top` results not in view: a step that reuses five such results
 names all five, and only three fit the first three answers (that share bounds what a `step`
 query can find). `--skip N` starts each file after its first N traces (a check on traces the
@@ -29,8 +29,10 @@ from __future__ import annotations
 import argparse
 import collections
 import json
+import statistics
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -72,7 +74,7 @@ def queries(call: dict, later: dict, words: int) -> dict[str, str]:
 
 
 def bench(path: str, budget: int, limit: int, top: int, words: int, skip: int = 0) -> dict[str, collections.Counter]:
-    counts = {kind: collections.Counter() for kind in KINDS}
+    counts: dict = {kind: collections.Counter() for kind in KINDS} | {"ms": {}}
     traces = load_traces([path], limit + skip if limit else 0)[skip:]
     for number, trace in enumerate(traces):
         messages = trace["messages"]
@@ -96,7 +98,9 @@ def bench(path: str, budget: int, limit: int, top: int, words: int, skip: int = 
                     if len([w for w in query.split() if len(w.strip("\"'`,;:()[]{}<>?!")) >= 2]) == 0:
                         counted["no query"] += 1
                         continue
+                    started = time.perf_counter()
                     found = [m["handle"] for m in engine.search_results("t", query, limit=top)["matches"]]
+                    counts["ms"].setdefault(kind, []).append(1000 * (time.perf_counter() - started))
                     rank = found.index(handles[event.call_id]) + 1 if handles[event.call_id] in found else 0
                     counted["at 1"] += int(rank == 1)
                     counted[f"at {top}"] += int(rank >= 1)
@@ -123,12 +127,14 @@ def main() -> None:
             n = c["searches"]
             share = lambda k: 100 * c[k] / n if n else 0.0  # noqa: E731
             bound = f"{share('few enough'):.1f}" if kind == "step" else ""
-            rows.append((Path(path).stem, int(budget), kind, n, share("at 1"), share(f"at {args.top}"), bound))
+            ms = counts["ms"].get(kind, [])
+            rows.append((Path(path).stem, int(budget), kind, n, share("at 1"), share(f"at {args.top}"), bound,
+                         statistics.median(ms) if ms else 0.0))
     print(f"settings: traces {args.skip + 1} to {args.skip + args.limit if args.limit else 'the last'} of each file, found = handle in the first {args.top} answers, "
           f"step words {args.step_words or 'all'}; selector contextrender")
-    print(f"{'traces':28} {'B':>6} {'query':>6} {'searches':>9} {'at 1 %':>7} {f'at {args.top} %':>7} {f'bound %':>8}")
-    for (name, budget, kind, n, first, within, bound) in rows:
-        print(f"{name:28} {budget:>6} {kind:>6} {n:>9} {first:>7.1f} {within:>7.1f} {bound:>8}")
+    print(f"{'traces':28} {'B':>6} {'query':>6} {'searches':>9} {'at 1 %':>7} {f'at {args.top} %':>7} {'bound %':>8} {'ms':>6}")
+    for (name, budget, kind, n, first, within, bound, ms) in rows:
+        print(f"{name:28} {budget:>6} {kind:>6} {n:>9} {first:>7.1f} {within:>7.1f} {bound:>8} {ms:>6.1f}")
 
 
 if __name__ == "__main__":
