@@ -17,7 +17,7 @@ from jaclang.jac0core.runtime import JacRuntime, JacUtils  # noqa: E402
 from jaclang.lib import spawn  # noqa: E402
 from jaclang.runtimelib.exceptions import WriteConflict  # noqa: E402
 
-from contextrender import core  # noqa: E402
+from contextrender import core, store  # noqa: E402
 from contextrender.endpoints import ENDPOINTS, EndpointMethods  # noqa: E402
 from contextrender.locks import KeyedLocks  # noqa: E402
 
@@ -29,6 +29,9 @@ MAX_ATTEMPTS = 5
 # The endpoint walkers, loaded with this module: the Jac modules take seconds to load, which
 # belongs to start-up (the proxy's, a replay's), not to the first call.
 WALKERS = {name: getattr(core, name) for name in ENDPOINTS}
+# The store every execution context opens: jaclang's SQLite store with a busy timeout and short
+# commits (adapters/store.py).
+store.install()
 
 __all__ = ["Engine", "DEFAULT_STORE"]
 

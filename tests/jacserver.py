@@ -19,16 +19,22 @@ from contextrender.testing.loopback import stop_process
 
 REPO = Path(__file__).resolve().parent.parent
 JAC = Path(sys.executable).parent / "jac"
-SERVED = ("contextrender.jac", "jac.toml", "graph", "engine", "walkers")
+SERVED = ("jac.toml", "graph", "engine", "walkers")
 START_TIMEOUT = 240.0
 
 
 class JacServer:
-    def __init__(self, workdir: Path, **env: str) -> None:
+    """`checkout` and `jac`: another checkout's Jac modules and its venv's `jac` (a benchmark's
+    before/after; a checkout from before `contextrender.jac` serves `contextrender_server.jac`);
+    this checkout's by default."""
+
+    def __init__(self, workdir: Path, checkout: Path = REPO, jac: Path = JAC, **env: str) -> None:
         self.workdir = workdir
+        self.jac = jac
         workdir.mkdir(parents=True, exist_ok=True)
-        for name in SERVED:
-            source = REPO / name
+        self.entry = "contextrender.jac" if (checkout / "contextrender.jac").is_file() else "contextrender_server.jac"
+        for name in (self.entry, *SERVED):
+            source = checkout / name
             if source.is_dir():
                 shutil.copytree(source, workdir / name, ignore=shutil.ignore_patterns("__pycache__", ".jac"))
             else:
@@ -43,7 +49,7 @@ class JacServer:
     def start(self) -> JacServer:
         log = open(self.log, "ab")
         self.process = subprocess.Popen(
-            [str(JAC), "start", "contextrender.jac", "--no_client", "-p", str(self.port)],
+            [str(self.jac), "start", self.entry, "--no_client", "-p", str(self.port)],
             cwd=self.workdir, env=self.env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
         )
         deadline = time.monotonic() + START_TIMEOUT

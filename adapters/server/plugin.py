@@ -33,6 +33,15 @@ class ServerPlugin:
 
         return server_class()
 
+    @staticmethod
+    @hookimpl
+    def get_persistent_memory(config: dict) -> Any:
+        """The SQLite store with a busy timeout and short commits (adapters/store.py); nothing
+        with MongoDB configured (jac-scale's backend)."""
+        from contextrender.store import StorePlugin
+
+        return StorePlugin.get_persistent_memory(config)
+
 
 def register_server() -> bool:
     """Register ServerPlugin with jaclang (once) where jac-scale serves; whether it is registered."""

@@ -1,0 +1,197 @@
+"""One user's big write on a shared server, and everyone else meanwhile.
+
+    .venv/bin/python benchmarks/shared_server_bench.py [--messages 40000] [--users 30] [--checkout PATH]
+
+Starts the real server (`jac start`, tests/jacserver.py) on loopback with its own SQLite store. 30
+users each make ordinary calls in a loop (register an account, create a session, append to it,
+render it, read it, list their sessions) while one more user ingests a 40,000-message session in
+one call. Prints the big call's time and status, and the others' calls: how many answered 5xx
+(target 0), their p50, p95 and maximum (target p95 <= 1 s), overall and while the big call ran.
+Each ordinary user waits `--pause` seconds (default 1) before each call, as an agent waits for its
+model: without it 30 users saturate the two cores on their own.
+`--checkout` serves another checkout's Jac modules with its venv's `jac` (a before/after run).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import secrets
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import httpx
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "tests"))
+
+PASSWORD = "a-Bench-password-9"
+
+
+def big_session(messages: int) -> list[dict]:
+    """A coding session of `messages` messages: tool rounds of small results (about 40 bytes a
+    message, as the issue's 40,000-message, 1.6 MB session)."""
+    history = [{"role": "user", "content": "Fix the failing test in the parser module, then run the suite."}]
+    i = 0
+    while len(history) < messages:
+        call = f"call_{i}"
+        history.append({"role": "assistant", "content": "", "tool_calls": [
+            {"id": call, "type": "function", "function": {"name": "bash", "arguments": json.dumps({"cmd": f"sed -n {i},{i + 9}p src/parser.py"})}}]})
+        history.append({"role": "tool", "tool_call_id": call, "content": f"{i}: def parse_{i}(tokens): return tokens[{i % 7}:] # line {i * 3}"})
+        i += 1
+    return history[:messages]
+
+
+def account(username: str) -> dict:
+    return {"identities": [{"type": "username", "value": username}], "credential": {"type": "password", "password": PASSWORD}}
+
+
+def register(http: httpx.Client, username: str) -> str:
+    http.post("/user/register", json=account(username)).raise_for_status()
+    login = {"identity": {"type": "username", "value": username}, "credential": {"type": "password", "password": PASSWORD}}
+    response = http.post("/user/login", json=login)
+    response.raise_for_status()
+    return response.json()["data"]["token"]
+
+
+class Calls:
+    """Every timed call of the ordinary users: (start, seconds, status, what)."""
+
+    def __init__(self, pause: float) -> None:
+        self.pause = pause
+        self.rows: list[tuple[float, float, int, str]] = []
+        self.lock = threading.Lock()
+        self.errors: list[str] = []
+
+    def post(self, http: httpx.Client, what: str, path: str, body: dict, token: str | None = None) -> httpx.Response | None:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        time.sleep(self.pause)
+        start = time.monotonic()
+        try:
+            response = http.post(path, json=body, headers=headers)
+            status = response.status_code
+        except httpx.HTTPError as error:
+            response, status = None, 599  # no answer at all counts as a server failure
+            self.errors.append(f"{what}: {type(error).__name__}: {error}")
+        seconds = time.monotonic() - start
+        with self.lock:
+            self.rows.append((start, seconds, status, what))
+            if status >= 500 and response is not None:
+                self.errors.append(f"{what}: {status} {response.text[:200]}")
+        return response
+
+
+def ordinary_user(url: str, n: int, calls: Calls, stop: threading.Event) -> None:
+    """register, create a session, then append / render / read / list in a loop (each call after
+    the pause `calls` keeps); a new session and a new account every few
+    rounds."""
+    with httpx.Client(base_url=url, timeout=600) as http:
+        token = None
+        start = time.monotonic()
+        response = calls.post(http, "register", "/user/register", account(f"user{n}"))
+        if response is not None and response.status_code in (200, 201):
+            login = {"identity": {"type": "username", "value": f"user{n}"}, "credential": {"type": "password", "password": PASSWORD}}
+            answer = calls.post(http, "login", "/user/login", login)
+            token = answer.json()["data"]["token"] if answer is not None and answer.status_code == 200 else None
+        if token is None:
+            calls.errors.append(f"user{n}: could not log in ({time.monotonic() - start:.1f} s)")
+            return
+        rounds = 0
+        session = f"s{n}-0"
+        history = [{"role": "user", "content": f"Task {n}: list the files."}]
+        calls.post(http, "create_session", "/walker/create_session", {"session_id": session}, token)
+        while not stop.is_set():
+            rounds += 1
+            call = f"c{n}_{rounds}"
+            added = [{"role": "assistant", "content": "", "tool_calls": [{"id": call, "type": "function", "function": {"name": "ls", "arguments": "{}"}}]},
+                     {"role": "tool", "tool_call_id": call, "content": f"file_{rounds}.py\nREADME.md\n"}]
+            calls.post(http, "append", "/walker/ingest_events", {"session_id": session, "messages": added, "append": True}, token)
+            history += added
+            calls.post(http, "render", "/walker/render_context", {"session_id": session, "messages": history, "budget": 2000}, token)
+            calls.post(http, "get_session", "/walker/get_session", {"session_id": session}, token)
+            if rounds % 3 == 0:
+                calls.post(http, "list_sessions", "/walker/list_sessions", {}, token)
+            if rounds % 5 == 0:
+                session = f"s{n}-{rounds}"
+                history = [{"role": "user", "content": f"Task {n}.{rounds}: read the README."}]
+                calls.post(http, "new_session", "/walker/create_session", {"session_id": session}, token)
+            if rounds % 7 == 0:
+                calls.post(http, "register", "/user/register", account(f"user{n}-{rounds}"))
+
+
+def summary(rows: list[tuple[float, float, int, str]]) -> str:
+    if not rows:
+        return "no calls"
+    seconds = sorted(r[1] for r in rows)
+    p95 = seconds[min(len(seconds) - 1, round(0.95 * (len(seconds) - 1)))]
+    failed = sum(1 for r in rows if r[2] >= 500)
+    return (f"{len(rows)} calls, 5xx {failed}, p50 {statistics.median(seconds) * 1000:.0f} ms, "
+            f"p95 {p95 * 1000:.0f} ms, max {seconds[-1] * 1000:.0f} ms")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--messages", type=int, default=40_000)
+    parser.add_argument("--users", type=int, default=30)
+    parser.add_argument("--pause", type=float, default=1.0, help="seconds each ordinary user waits between its calls")
+    parser.add_argument("--keep-log", type=Path, help="copy the server's log here")
+    parser.add_argument("--after", type=float, default=5.0, help="seconds the others go on after the big call")
+    parser.add_argument("--checkout", type=Path, default=REPO, help="serve this checkout's Jac modules with its venv's jac")
+    args = parser.parse_args()
+    from jacserver import JacServer
+
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+
+    big = big_session(args.messages)
+    body = json.dumps({"session_id": "big", "messages": big})
+    with tempfile.TemporaryDirectory(prefix="shared-server-") as folder:
+        server = JacServer(Path(folder) / "server", checkout=args.checkout.resolve(),
+                           jac=args.checkout.resolve() / ".venv" / "bin" / "jac").start()
+        try:
+            calls, stop = Calls(args.pause), threading.Event()
+            with httpx.Client(base_url=server.url, timeout=1800) as http:
+                token = register(http, f"big-{secrets.token_hex(3)}")
+                users = [threading.Thread(target=ordinary_user, args=(server.url, n, calls, stop), daemon=True)
+                         for n in range(args.users)]
+                for user in users:
+                    user.start()
+                time.sleep(3.0)
+                began = time.monotonic()
+                response = http.post("/walker/ingest_events", content=body,
+                                     headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"})
+                ended = time.monotonic()
+                print(f"big call: {args.messages:,} messages ({len(body) / 1e6:.1f} MB body) ingested in one call: "
+                      f"{ended - began:.1f} s, status {response.status_code}", flush=True)
+                if response.status_code != 200:
+                    print(f"  {response.text[:300]}")
+                time.sleep(args.after)
+                stop.set()
+                for user in users:
+                    user.join(timeout=120)
+            during = [r for r in calls.rows if began <= r[0] <= ended]
+            print(f"the {args.users} others, whole run: {summary(calls.rows)}")
+            print(f"the {args.users} others, while the big call ran: {summary(during)}")
+            by_kind: dict[str, list] = {}
+            for row in during:
+                by_kind.setdefault(row[3], []).append(row)
+            for kind, rows in sorted(by_kind.items()):
+                print(f"  {kind}: {summary(rows)}")
+            for error in calls.errors[:5]:
+                print(f"  error: {error}")
+            if len(calls.errors) > 5:
+                print(f"  ... {len(calls.errors) - 5} more errors")
+            log = server.log.read_text(errors="replace")
+            print(f"'database is locked' in the server log: {log.count('database is locked')} times")
+        finally:
+            server.stop()
+            if args.keep_log:
+                args.keep_log.write_text(server.log.read_text(errors="replace"))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,90 @@
+"""The shared SQLite store (adapters/store.py): a call waits for another's commit instead of failing,
+a call that only reads writes nothing to open the store, and a call's rows are serialised before
+its write transaction takes the lock."""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+import time
+
+from conftest import assistant, call, tool, user
+
+from contextrender import Engine, store
+
+HELD = 5.6  # seconds: longer than the 5 s lock wait jaclang opens its SQLite file with
+
+
+def _db_file(engine: Engine) -> str:
+    files = sorted(engine.store.rglob("*.db"))
+    assert len(files) == 1, files
+    return str(files[0])
+
+
+def _hold_write_lock(path: str, seconds: float, taken: threading.Event) -> None:
+    """Another writer's long commit: the file's write lock held for `seconds`."""
+    conn = sqlite3.connect(path, timeout=30)
+    conn.execute("BEGIN IMMEDIATE")
+    taken.set()
+    time.sleep(seconds)
+    conn.commit()
+    conn.close()
+
+
+def test_a_call_waits_for_a_long_commit_and_a_read_does_not_wait(tmp_path):
+    engine = Engine(tmp_path / "store")
+    engine.ingest("reader", [user("what is in the repo?")])
+    taken = threading.Event()
+    holder = threading.Thread(target=_hold_write_lock, args=(_db_file(engine), HELD, taken))
+    holder.start()
+    try:
+        assert taken.wait(10)
+        started = time.monotonic()
+        # A read writes nothing, so it does not wait for the lock (jaclang's open wrote its
+        # schema row, which waited 5 s and failed with `database is locked`).
+        assert engine.get_session("reader", include_messages=True)["messages"] == [user("what is in the repo?")]
+        assert time.monotonic() - started < HELD / 2
+        # A write waits for the other commit and then lands (jaclang gave up after 5 s).
+        summary = engine.ingest("writer", [user("fix it"), assistant(None, call("c1", "ls", {})), tool("c1", "a.py")])
+        assert summary.added == 3
+    finally:
+        holder.join(timeout=30)
+    assert engine.get_session("writer")["events"] == 3
+
+
+def test_rows_are_serialised_before_the_write_transaction(tmp_path, monkeypatch):
+    engine = Engine(tmp_path / "store")
+    engine.ingest("s", [user("start")])
+    order: list[str] = []
+    to_row = store.jac_memory._anchor_to_row
+    monkeypatch.setattr(store.jac_memory, "_anchor_to_row", lambda anchor: order.append("row") or to_row(anchor))
+    connect = sqlite3.connect
+
+    def traced(*args, **kwargs):
+        conn = connect(*args, **kwargs)
+        conn.set_trace_callback(lambda sql: order.append("BEGIN IMMEDIATE") if sql.strip() == "BEGIN IMMEDIATE" else None)
+        return conn
+
+    monkeypatch.setattr(store.sqlite3, "connect", traced)
+    engine.ingest("s", [user("start"), assistant(None, call("c1", "cat", {"path": "a.py"})), tool("c1", "print(1)")])
+    begin = order.index("BEGIN IMMEDIATE")
+    # The new message, call and result nodes and their edges: serialised, all before BEGIN.
+    assert order[:begin].count("row") >= 6
+    # Inside the transaction only rows merged with a stored one (the session, the chain's tail).
+    assert order[begin:].count("row") <= 3
+    assert engine.render("s", budget=1000).messages[-1] == tool("c1", "print(1)")
+
+
+def test_busy_timeout_setting(monkeypatch):
+    monkeypatch.delenv("CONTEXTRENDER_STORE_BUSY_TIMEOUT", raising=False)
+    assert store.busy_timeout() == store.DEFAULT_BUSY_TIMEOUT
+    monkeypatch.setenv("CONTEXTRENDER_STORE_BUSY_TIMEOUT", "2.5")
+    assert store.busy_timeout() == 2.5
+    for bad in ("0", "-1", "soon"):
+        monkeypatch.setenv("CONTEXTRENDER_STORE_BUSY_TIMEOUT", bad)
+        try:
+            store.busy_timeout()
+        except ValueError as error:
+            assert "CONTEXTRENDER_STORE_BUSY_TIMEOUT" in str(error)
+        else:
+            raise AssertionError(f"{bad!r} was taken")
