@@ -104,6 +104,9 @@ class Engine(EndpointMethods):
 
     def _attempt(self, walker: Any) -> Any:
         ctx = JacUtils.create_j_context(user_root=None, base_path_dir=str(self.store))
+        # This context commits once: new anchors are not hashed at the commit (adapters/store.py).
+        if type(ctx.mem) is store.jac_memory.TieredMemory:
+            ctx.mem.__class__ = store.OneCommitMemory
         applied: list[Any] = []
         l3 = ctx.mem.l3
         if l3 is not None:

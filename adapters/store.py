@@ -12,6 +12,12 @@ in-process Engine, adapters/local.py, both answer it with `SharedSqliteStore`):
   for a 40,000-message ingestion here. Here the rows of the nodes and edges a call creates are
   serialised before the transaction; inside it, each is only inserted (when no row with its id is
   stored, as jaclang checks) or merged with the stored row exactly as jaclang merges it.
+- **A stored row merged on its text.** jaclang merges an edge-list change or a changed field
+  into the stored row by deserialising the stored node, setting what changed and serialising it
+  whole: a result that gets a `Reuses` edge, a session whose counters change, had their large
+  contents (the result's text, the session's system prompt and render log) deserialised and
+  serialised again each time. Here the same merge is made on the row's JSON, for a node stored in
+  the current format of its class; the row written is byte for byte jaclang's (tests/test_store.py).
 - **No write to open the store.** jaclang's open runs four `CREATE TABLE IF NOT EXISTS` and
   writes its schema version at every connection (a new connection per server request): a write
   that waits on any other call's commit, made by calls that only read. Here the schema is created
@@ -25,20 +31,27 @@ backend is used as before.
 
 from __future__ import annotations
 
+import json
 import os
 import sqlite3
+from datetime import datetime, timezone
 from typing import Any
+from uuid import UUID
 
 from contextrender.jaclang_setup import import_jaclang
 
 import_jaclang()  # before any jaclang import of this module: without the server's plugins
 
+from jaclang.jac0core.archetype import NodeAnchor, Root  # noqa: E402
 from jaclang.jac0core.runtime import hookimpl, plugin_manager  # noqa: E402
 from jaclang.runtimelib import memory as jac_memory  # noqa: E402
 from jaclang.runtimelib.changeset import ChangeSet, WriteIntent  # noqa: E402
+from jaclang.runtimelib.exceptions import WriteConflict  # noqa: E402
+from jaclang.runtimelib.serializer import Serializer  # noqa: E402
+from jaclang.runtimelib.typecache import get_field_types  # noqa: E402
 
 
-__all__ = ["SharedSqliteStore", "StorePlugin", "busy_timeout", "install"]
+__all__ = ["OneCommitMemory", "SharedSqliteStore", "StorePlugin", "busy_timeout", "install"]
 
 DEFAULT_BUSY_TIMEOUT = 120.0
 # jaclang's insert of a whole row (SqliteMemory._merge_write, its branch for a row not stored yet).
@@ -115,15 +128,83 @@ class SharedSqliteStore(jac_memory.SqliteMemory):
             self._prepared = {}
 
     def _merge_write(self, conn: sqlite3.Connection, intent: WriteIntent) -> None:
-        row = getattr(self, "_prepared", {}).get(intent.anchor.id)
-        if row is not None:
-            key = str(intent.anchor.id)
-            stored = conn.execute("SELECT 1 FROM anchors WHERE id = ?", (key,)).fetchone()
-            if stored is None:
+        key = str(intent.anchor.id)
+        stored = conn.execute(
+            "SELECT type, arch_module, arch_type, fingerprint, data, format_version FROM anchors WHERE id = ?", (key,)
+        ).fetchone()
+        if stored is None:
+            row = self._prepared.get(intent.anchor.id) if hasattr(self, "_prepared") else None
+            if row is not None:
                 conn.execute(_INSERT, (key,) + row)
                 return
-        # A stored row (or nothing prepared): jaclang's merge with what is stored.
+        elif self._merge_stored_text(conn, key, stored, intent):
+            return
+        # Anything else: jaclang's merge with what is stored.
         super()._merge_write(conn, intent)
+
+    def _merge_stored_text(self, conn: sqlite3.Connection, key: str, stored: tuple, intent: WriteIntent) -> bool:
+        """jaclang's merge of an edge-list change and dirty fields into the stored row, made on the
+        row's JSON instead of on the node deserialised from it and serialised whole again: the
+        stored values are kept as stored, only the edge list, the version, the access and the dirty
+        fields are replaced, each as jaclang would serialise it. So a node's large contents (a
+        result's text, a session's system prompt and render log) are not deserialised, serialised
+        and hashed again when the node gets an edge or a counter changes. Only for a node stored
+        in the current format of its current class (the same fields, so the stored row is what
+        jaclang would write for it); False for anything else, which jaclang merges."""
+        anchor = intent.anchor
+        arch = anchor.archetype
+        if intent.is_create() or not isinstance(anchor, NodeAnchor) or arch is None or isinstance(arch, Root):
+            return False
+        cls = type(arch)
+        (_, arch_module, arch_type, fingerprint, text, format_version) = stored
+        if (arch_module, arch_type) != (cls.__module__, cls.__name__) or format_version != jac_memory.SQLITE_DB_FORMAT_VERSION \
+                or not fingerprint or fingerprint != getattr(cls, "__jac_fingerprint__", None):
+            return False
+        try:
+            data = json.loads(text)
+        except ValueError:
+            return False
+        fields = get_field_types(cls)
+        stored_arch = data.get("archetype")
+        if not isinstance(stored_arch, dict) or set(stored_arch) - {"__type__", "__module__"} != set(fields) \
+                or not isinstance(data.get("edges"), list) or not isinstance(data.get("version"), int):
+            return False
+        changed = False
+        edges = [str(e.id) for e in anchor.edges]
+        if data["edges"] != edges:
+            delta = anchor.edge_delta()
+            if delta is not None:
+                # As jaclang: the delta applied to the stored list (a concurrent writer's edges
+                # survive), in the order its set gives, after its version check.
+                added, removed = set(delta[0]), set(delta[1])
+                if (added or removed) and intent.cas_version is not None and data["version"] != intent.cas_version:
+                    raise WriteConflict(anchor_id=anchor.id, expected_version=intent.cas_version, actual_version=data["version"])
+                stored_ids = [UUID(e) for e in data["edges"]]
+                known = set(stored_ids) | {e.id for e in anchor.edges}
+                merged = (set(stored_ids) | added) - removed
+                data["edges"] = [str(e) for e in merged if e in known]
+                if added or removed:
+                    data["version"] += 1
+                    anchor.version = data["version"]
+            else:
+                data["edges"] = edges
+            if not data["edges"]:
+                conn.execute("DELETE FROM anchors WHERE id = ?", (key,))
+                return True
+            changed = True
+        access = Serializer._serialize_value(anchor.access, include_type=True)
+        if json.dumps(data.get("access"), sort_keys=True, default=str) != json.dumps(access, sort_keys=True, default=str):
+            data["access"] = access
+            changed = True
+        dirty = [f for f in intent.fields if f in fields]
+        for name in dirty:
+            stored_arch[name] = Serializer._serialize_value(getattr(arch, name), include_type=True)
+        if intent.fields:
+            changed = True  # as jaclang: a flagged field is written, even to the same value
+        if changed:
+            conn.execute(_INSERT, (key, "NodeAnchor", arch_module, arch_type, fingerprint, json.dumps(data),
+                                   jac_memory.SQLITE_DB_FORMAT_VERSION, datetime.now(timezone.utc).isoformat()))
+        return True
 
 
 class StorePlugin:
@@ -145,6 +226,39 @@ class StorePlugin:
         if os.environ.get("MONGODB_URI") or database.get("mongodb_uri"):
             return None
         return SharedSqliteStore(path=str(database["shelf_db_path"]))
+
+
+class OneCommitMemory(jac_memory.TieredMemory):
+    """jaclang's working set for a context that commits once (the Engine's calls): its commit
+    hashes every anchor of the working set to find what changed, the new ones too, whose hash
+    it then ignores (a new anchor is written whole). Here new anchors are recorded as jaclang
+    records them, without the hash (a third of the commit on a long ingestion); the anchors
+    loaded from the store go through jaclang's own pass. The Engine sets it on each call's
+    context (adapters/local.py), whose re-baselining after the flush it also skips."""
+
+    def _collect_into(self, changes: ChangeSet) -> None:
+        from jaclang import JacRuntimeInterface as Jac
+
+        working = list(self.__mem__.items())
+        fresh = [anchor for (_, anchor) in working
+                 if anchor.hash == 0 and anchor.persistent and anchor.is_populated()
+                 and not ((intent := changes.intents.get(anchor.id)) is not None and intent.is_delete())]
+        if fresh:
+            new_ids = {anchor.id for anchor in fresh}
+            self.__mem__.clear()
+            self.__mem__.update((key, anchor) for (key, anchor) in working if key not in new_ids)
+        try:
+            super()._collect_into(changes)
+        finally:
+            if fresh:
+                self.__mem__.clear()
+                self.__mem__.update(working)
+        for anchor in fresh:
+            # jaclang's rule for a new anchor: an edgeless node (but a root) is garbage, not data.
+            if isinstance(anchor, NodeAnchor) and not isinstance(anchor.archetype, Root) and not anchor.edges:
+                continue
+            if Jac.check_write_access(anchor, op_hint="field_write"):
+                changes.record_create(anchor)
 
 
 _installed: list[StorePlugin] = []

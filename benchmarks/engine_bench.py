@@ -121,7 +121,12 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=30)
     parser.add_argument("--budget", type=int, default=6000)
     parser.add_argument("--sizes", type=int, nargs="+", default=[150, 10_000])
+    parser.add_argument("--ingest-only", action="store_true", help="only the ingestion rows")
+    parser.add_argument("--rounds-per-call", type=int, nargs="+", default=[2000, 50],
+                        help="tool rounds (two messages each) per ingestion call")
     args = parser.parse_args()
+    if args.ingest_only:
+        args.sizes = []
     pairs = trace_turns()
     with tempfile.TemporaryDirectory() as store:
         engine = Engine(store)
@@ -145,7 +150,7 @@ def main() -> None:
                     flush=True,
                 )
         print(f"ingest computation only (tokens, values, embeddings; no store), 2,000 results: {ingest_computation(pairs, 2000):.2f} MB/s", flush=True)
-        for chunk in (2000, 50):
+        for chunk in args.rounds_per_call:
             rate, megabytes = bench_ingest(Engine(Path(store) / f"i{chunk}"), pairs, 2000, chunk)
             print(f"ingest, 2,000 results ({megabytes:.1f} MB of result text), {chunk:>2} round(s) per call: {rate:.2f} MB/s", flush=True)
 

@@ -140,6 +140,7 @@ def main() -> None:
     parser.add_argument("--users", type=int, default=30)
     parser.add_argument("--pause", type=float, default=1.0, help="seconds each ordinary user waits between its calls")
     parser.add_argument("--keep-log", type=Path, help="copy the server's log here")
+    parser.add_argument("--before", type=float, default=40.0, help="seconds the others run before the big call")
     parser.add_argument("--after", type=float, default=5.0, help="seconds the others go on after the big call")
     parser.add_argument("--checkout", type=Path, default=REPO, help="serve this checkout's Jac modules with its venv's jac")
     args = parser.parse_args()
@@ -160,7 +161,7 @@ def main() -> None:
                          for n in range(args.users)]
                 for user in users:
                     user.start()
-                time.sleep(3.0)
+                time.sleep(args.before)
                 began = time.monotonic()
                 response = http.post("/walker/ingest_events", content=body,
                                      headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"})
@@ -174,8 +175,14 @@ def main() -> None:
                 for user in users:
                     user.join(timeout=120)
             during = [r for r in calls.rows if began <= r[0] <= ended]
+            # The calls before the big one, past the first logins (the same load, without it).
+            before = [r for r in calls.rows if began - args.before / 2 <= r[0] < began]
             print(f"the {args.users} others, whole run: {summary(calls.rows)}")
+            print(f"the {args.users} others, before the big call (its last {args.before / 2:.0f} s): {summary(before)}")
             print(f"the {args.users} others, while the big call ran: {summary(during)}")
+            # register and login hash a password (bcrypt): CPU-bound, whatever the store does.
+            on_sessions = [r for r in during if r[3] not in ("register", "login")]
+            print(f"  their calls on sessions (all but register and login): {summary(on_sessions)}")
             by_kind: dict[str, list] = {}
             for row in during:
                 by_kind.setdefault(row[3], []).append(row)

@@ -8,7 +8,7 @@ import sqlite3
 import threading
 import time
 
-from conftest import assistant, call, tool, user
+from conftest import assistant, call, tool, trace_prefix, user
 
 from contextrender import Engine, store
 
@@ -88,3 +88,33 @@ def test_busy_timeout_setting(monkeypatch):
             assert "CONTEXTRENDER_STORE_BUSY_TIMEOUT" in str(error)
         else:
             raise AssertionError(f"{bad!r} was taken")
+
+
+def test_a_stored_row_merged_on_its_text_is_the_row_jaclang_writes(tmp_path, monkeypatch):
+    """Every merge made on the stored text is compared with jaclang's own merge of the same
+    intent (made first inside a savepoint, then rolled back): the same row, byte for byte."""
+    engine = Engine(tmp_path / "store")
+    merged_on_text = store.SharedSqliteStore._merge_stored_text
+    checked: list[str] = []
+
+    def compared(self, conn, key, stored, intent):
+        version = intent.anchor.version
+        conn.execute("SAVEPOINT jaclang")
+        store.jac_memory.SqliteMemory._merge_write(self, conn, intent)
+        expected = conn.execute("SELECT data FROM anchors WHERE id = ?", (key,)).fetchone()
+        conn.execute("ROLLBACK TO jaclang")
+        conn.execute("RELEASE jaclang")
+        intent.anchor.version = version
+        if not merged_on_text(self, conn, key, stored, intent):
+            return False
+        assert conn.execute("SELECT data FROM anchors WHERE id = ?", (key,)).fetchone() == expected
+        checked.append(type(intent.anchor.archetype).__name__)
+        return True
+
+    monkeypatch.setattr(store.SharedSqliteStore, "_merge_stored_text", compared)
+    messages = trace_prefix(turns=12)
+    for end in range(4, len(messages) + 1, 3):
+        engine.ingest("s", messages[:end])
+        engine.render("s", budget=1500)
+    engine.render("s", budget=900, policy="per-call")
+    assert "Session" in checked and "ToolResult" in checked and len(checked) > 20
