@@ -127,6 +127,45 @@ class SharedSqliteStore(jac_memory.SqliteMemory):
         finally:
             self._prepared = {}
 
+    def edge_targets(self, node: UUID, edge_ids: list[UUID], via: type, cls: type, fields: tuple[str, ...],
+                     root: UUID) -> list[tuple[UUID, dict]] | None:
+        """Two steps down from `node`, read from the committed rows without loading a node: its
+        out-edges among `edge_ids` (its edge list) lead to nodes of archetype `via`, whose edges lead to nodes of archetype
+        `cls`; each of those owned by `root`, in the edges' order, as (node id, {field: stored
+        value, None when not stored}) (walkers/session.jac `session_rows`: directory -> shelves ->
+        sessions). None when this SQLite cannot read JSON that way (the caller loads the nodes)."""
+        if not all(name.isidentifier() for name in fields):
+            raise ValueError(f"field names only: {fields!r}")
+        picks = ", ".join(f"n.data -> '$.archetype.{name}'" for name in fields)
+        rows: list = []
+        with self.__lock__:
+            if self.__conn__ is None and os.path.exists(self.path):
+                self._ensure_connection()
+            if self.__conn__ is None:
+                return []
+            ids = [str(e) for e in edge_ids]
+            try:
+                for start in range(0, len(ids), 500):
+                    chunk = ids[start:start + 500]
+                    rows += self.__conn__.execute(
+                        f"SELECT first.id, step.key, n.id, {picks} FROM anchors AS first"
+                        " JOIN anchors AS mid ON mid.id = json_extract(first.data, '$.target')"
+                        " JOIN json_each(mid.data, '$.edges') AS step"
+                        " JOIN anchors AS second ON second.id = step.value"
+                        " JOIN anchors AS n ON n.id = json_extract(second.data, '$.target')"
+                        f" WHERE first.id IN ({', '.join('?' * len(chunk))}) AND json_extract(first.data, '$.source') = ?"
+                        " AND json_extract(second.data, '$.source') = mid.id"
+                        " AND mid.arch_module = ? AND mid.arch_type = ? AND json_extract(mid.data, '$.root') = ?"
+                        " AND n.arch_module = ? AND n.arch_type = ? AND json_extract(n.data, '$.root') = ?",
+                        (*chunk, str(node), via.__module__, via.__name__, str(root), cls.__module__, cls.__name__, str(root)),
+                    ).fetchall()
+            except sqlite3.OperationalError:
+                return None  # no JSON functions in this SQLite
+        order = {e: i for (i, e) in enumerate(ids)}
+        rows.sort(key=lambda row: (order[row[0]], row[1]))
+        return [(UUID(row[2]), {name: None if v is None else json.loads(v) for (name, v) in zip(fields, row[3:])})
+                for row in rows]
+
     def _merge_write(self, conn: sqlite3.Connection, intent: WriteIntent) -> None:
         key = str(intent.anchor.id)
         stored = conn.execute(

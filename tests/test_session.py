@@ -126,3 +126,37 @@ def test_sessions_stored_off_the_root_move_onto_shelves_and_stay_found(tmp_path)
         engine.get_session("old2")
     # A new engine (as after a restart) finds them the same way.
     assert [s["session_id"] for s in Engine(store).list_sessions()] == ["old1", "old3", "new"]
+
+
+def test_list_sessions_reads_the_stored_fields_without_loading_a_session(engine, monkeypatch):
+    """`list_sessions` reads each session's listed fields from the store's rows (walkers/session.jac
+    `session_rows`): no Session is loaded, and the rows are the ones the loaded sessions give."""
+    from jaclang.runtimelib.memory import SqliteMemory
+
+    from contextrender_adapters.store import SharedSqliteStore
+    from graph.context import Session
+
+    for n in range(12):
+        engine.ingest(f"s{n}", conversation(f"t{n}"))
+    engine.create_session("named", name="My session")
+    engine.ingest("forked", conversation("f"))
+    engine.ingest("forked", conversation("f")[:2] + [user("something else")])  # a rewrite: branch 1
+    real = SqliteMemory.get
+    loaded: list[str] = []
+
+    def counted(self, id):
+        found = real(self, id)
+        if found is not None and isinstance(found.archetype, Session):
+            loaded.append(found.archetype.session_id)
+        return found
+
+    monkeypatch.setattr(SqliteMemory, "get", counted)
+    listed = engine.list_sessions()
+    assert loaded == []
+    by_id = {row["session_id"]: row for row in listed}
+    assert by_id["named"]["name"] == "My session" and by_id["forked"]["branch"] == 1
+    assert by_id["s3"]["events"] == len(conversation("t3")) - 1  # the system prompt is kept off the chain
+    # The same rows as from the loaded sessions (a store that cannot read its rows).
+    monkeypatch.setattr(SharedSqliteStore, "edge_targets", lambda *args: None)
+    assert engine.list_sessions() == listed
+    assert sorted(loaded) == sorted(by_id)
