@@ -18,7 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from contextrender_adapters import Engine
+from contextrender import Engine
 
 TRACES = Path(__file__).resolve().parent.parent.parent / "shared" / "traces"
 

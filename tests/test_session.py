@@ -133,7 +133,7 @@ def test_list_sessions_reads_the_stored_fields_without_loading_a_session(engine,
     `session_rows`): no Session is loaded, and the rows are the ones the loaded sessions give."""
     from jaclang.runtimelib.memory import SqliteMemory
 
-    from contextrender_adapters.store import SharedSqliteStore
+    from contextrender.store import SharedSqliteStore
     from graph.context import Session
 
     for n in range(12):
