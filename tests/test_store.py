@@ -118,3 +118,29 @@ def test_a_stored_row_merged_on_its_text_is_the_row_jaclang_writes(tmp_path, mon
         engine.render("s", budget=1500)
     engine.render("s", budget=900, policy="per-call")
     assert "Session" in checked and "ToolResult" in checked and len(checked) > 20
+
+
+def test_the_server_answers_while_another_commit_holds_its_store(jac_server):
+    """Two users of one server: while one commit holds the store's write lock longer than jaclang's
+    5 s wait, the other's read answers at once and its write waits and lands: no 500."""
+    import uuid
+
+    from contextrender import Client
+
+    with Client(jac_server.url) as client:
+        client.register(f"user_{uuid.uuid4().hex[:8]}", "secret-password-1")
+        client.ingest("read-me", [user("what is in the repo?")])
+        files = sorted((jac_server.workdir / ".jac" / "data").glob("anchor_store.db"))
+        assert len(files) == 1, sorted((jac_server.workdir / ".jac" / "data").iterdir())
+        taken = threading.Event()
+        holder = threading.Thread(target=_hold_write_lock, args=(str(files[0]), HELD, taken))
+        holder.start()
+        try:
+            assert taken.wait(10)
+            started = time.monotonic()
+            assert client.get_session("read-me", include_messages=True)["messages"] == [user("what is in the repo?")]
+            assert time.monotonic() - started < HELD / 2
+            assert client.ingest("write-me", [user("fix it"), assistant("on it")]).added == 2
+        finally:
+            holder.join(timeout=30)
+        assert client.get_session("write-me")["events"] == 2
