@@ -121,11 +121,14 @@ class SharedSqliteStore(jac_memory.SqliteMemory):
                         rows[intent.anchor.id] = jac_memory._anchor_to_row(intent.anchor)
                     except Exception:  # noqa: BLE001  (jaclang reports it from inside, as before)
                         pass
-        self._prepared = rows
-        try:
-            return super().apply(changeset)
-        finally:
-            self._prepared = {}
+        # The store's own (re-entrant) lock, which jaclang's apply takes too: the prepared rows
+        # are this flush's only.
+        with self.__lock__:
+            self._prepared = rows
+            try:
+                return super().apply(changeset)
+            finally:
+                self._prepared = {}
 
     def edge_targets(self, node: UUID, edge_ids: list[UUID], via: type, cls: type, fields: tuple[str, ...],
                      root: UUID) -> list[tuple[UUID, dict]] | None:
