@@ -144,3 +144,34 @@ def test_the_server_answers_while_another_commit_holds_its_store(jac_server):
         finally:
             holder.join(timeout=30)
         assert client.get_session("write-me")["events"] == 2
+
+
+def test_a_row_stored_by_an_earlier_version_is_merged_by_jaclang_and_reads(tmp_path, monkeypatch):
+    """A Session row whose class has changed since it was written (another fingerprint) is not
+    merged on its text: jaclang's merge reads it, fills what it lacks, and writes it in the
+    current format, which later merges take on their text."""
+    from graph.context import Session
+
+    engine = Engine(tmp_path / "store")
+    current = Session.__jac_fingerprint__
+    monkeypatch.setattr(Session, "__jac_fingerprint__", "written-by-an-earlier-version")
+    engine.ingest("old", [user("first")])
+    monkeypatch.setattr(Session, "__jac_fingerprint__", current)
+    conn = sqlite3.connect(_db_file(engine))
+    fingerprint = "SELECT fingerprint FROM anchors WHERE arch_type = 'Session'"
+    assert conn.execute(fingerprint).fetchall() == [("written-by-an-earlier-version",)]
+    on_text: list[bool] = []  # for the Session's row, merge by merge
+    merged_on_text = store.SharedSqliteStore._merge_stored_text
+
+    def watched(self, conn, key, stored, intent):
+        done = merged_on_text(self, conn, key, stored, intent)
+        if isinstance(intent.anchor.archetype, Session):
+            on_text.append(done)
+        return done
+
+    monkeypatch.setattr(store.SharedSqliteStore, "_merge_stored_text", watched)
+    engine.ingest("old", [user("first"), assistant("second")])
+    assert conn.execute(fingerprint).fetchall() == [(current,)]
+    engine.ingest("old", [user("first"), assistant("second"), user("third")])
+    assert on_text == [False, True]
+    assert engine.get_session("old", include_messages=True)["messages"] == [user("first"), assistant("second"), user("third")]
