@@ -1,0 +1,150 @@
+"""The proxy's cost per request against a peer's: ContextRender's proxy and ctxkeeper 1.2.0 (PyPI)
+on the same long coding conversations, against the same fake upstream.
+
+    .venv/bin/python benchmarks/peer_proxy_bench.py [--conversations 4] [--budget 6000] [--rounds 2]
+
+ctxkeeper is installed from PyPI (`pip install ctxkeeper==1.2.0`) into its own venv,
+.cache/ctxkeeper-venv, on first use. On loopback: the fake upstream (contextrender.testing.fake_upstream,
+in this process, answering each request with the recorded assistant message that followed it),
+the proxy under test (its own process), and this client, which replays the longest `--conversations` conversations of
+../shared/traces/mini_swe_agent_deepseek.jsonl turn by turn: before each recorded assistant
+message, the history up to it is sent as a chat-completions request (each conversation a session
+of its own, named by the `X-ContextRender-Session` header). The proxies run one after the other,
+alternated, `--rounds` times, each on a fresh state folder.
+
+Per proxy and round it prints: the proxy process's CPU time (user + system, from /proc) per
+forwarded request, the time in the proxy per request (the round trip through it less the round
+trip straight to the upstream with the body the upstream received, sent right after) p50 and p95,
+and the ratio of ours to ctxkeeper's (target: CPU per request no more than ctxkeeper's).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from proxy_bench import percentile, wait_up  # noqa: E402
+
+from contextrender.testing.fake_upstream import FakeUpstream, free_port  # noqa: E402
+
+TRACES = REPO.parent / "shared" / "traces"
+CTXKEEPER = "ctxkeeper==1.2.0"
+VENV = REPO / ".cache" / "ctxkeeper-venv"
+
+
+def ctxkeeper_command() -> Path:
+    """ctxkeeper's command in its own venv, installed from PyPI the first time."""
+    command = VENV / "bin" / "ctxkeeper"
+    if not command.exists():
+        subprocess.run([sys.executable, "-m", "venv", str(VENV)], check=True)
+        subprocess.run([str(VENV / "bin" / "pip"), "install", "-q", CTXKEEPER], check=True)
+    return command
+
+
+def conversations(count: int) -> list[tuple[str, list[dict]]]:
+    """The `count` longest recorded coding conversations (by assistant turns)."""
+    with open(TRACES / "mini_swe_agent_deepseek.jsonl") as f:
+        rows = [json.loads(line) for line in f if line.strip()]
+    rows.sort(key=lambda row: -sum(1 for m in row["messages"] if m["role"] == "assistant"))
+    return [(row["id"], row["messages"]) for row in rows[:count]]
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU of a live process (and its reaped children), from /proc."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return sum(int(v) for v in fields[11:15]) / os.sysconf("SC_CLK_TCK")
+
+
+def start(name: str, upstream_url: str, port: int, budget: int, state: Path) -> subprocess.Popen:
+    if name == "contextrender":
+        command = [sys.executable, "-m", "contextrender.cli", "proxy", "--upstream", f"{upstream_url}/v1",
+                   "--budget", str(budget), "--port", str(port)]
+        env = dict(os.environ, CONTEXTRENDER_STORE=str(state))
+    else:
+        command = [str(ctxkeeper_command()), "--upstream", upstream_url, "--host", "127.0.0.1", "--port", str(port),
+                   "--budget", str(budget), "--state-dir", str(state)]
+        env = dict(os.environ)
+    return subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+
+
+def replay(name: str, fake: FakeUpstream, budget: int, talks: list[tuple[str, list[dict]]]) -> dict:
+    upstream_url = fake.base_url.removesuffix("/v1")
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    with tempfile.TemporaryDirectory(prefix=f"peer-{name}-") as state:
+        proxy = start(name, upstream_url, port, budget, Path(state))
+        try:
+            wait_up(f"{url}/v1/models", proxy, timeout=180)
+            with httpx.Client(timeout=300) as client:
+                # One unmeasured request: the proxy's models load on first use.
+                client.post(f"{url}/v1/chat/completions", headers={"X-ContextRender-Session": "warm-up"},
+                            json={"model": "fake-model", "messages": [{"role": "user", "content": "hello"}]})
+                in_proxy: list[float] = []
+                cpu_before = cpu_seconds(proxy.pid)
+                for (tag, messages) in talks:
+                    for j, message in enumerate(messages):
+                        if message["role"] != "assistant" or j == 0:
+                            continue
+                        body = {"model": "fake-model", "messages": messages[:j], "temperature": 0}
+                        # The upstream answers what the agent's model answered, so the next
+                        # request's history holds the answer the proxy forwarded.
+                        fake.enqueue(message.get("content"), message.get("tool_calls"))
+                        began = time.perf_counter()
+                        response = client.post(f"{url}/v1/chat/completions", json=body,
+                                               headers={"X-ContextRender-Session": f"peer-{tag}"[:200]})
+                        through = time.perf_counter() - began
+                        assert response.status_code == 200, response.text[:300]
+                        forwarded = client.get(f"{upstream_url}/_fake/last", params={"path": "/v1/chat/completions"}).content
+                        began = time.perf_counter()
+                        client.post(f"{upstream_url}/v1/chat/completions", content=forwarded,
+                                    headers={"content-type": "application/json"})
+                        in_proxy.append(through - (time.perf_counter() - began))
+                cpu = cpu_seconds(proxy.pid) - cpu_before
+        finally:
+            proxy.terminate()
+            proxy.wait(timeout=30)
+    return {"requests": len(in_proxy), "cpu_ms": cpu * 1000 / len(in_proxy),
+            "p50": percentile(in_proxy, 0.5), "p95": percentile(in_proxy, 0.95)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--conversations", type=int, default=4)
+    parser.add_argument("--budget", type=int, default=6000)
+    parser.add_argument("--rounds", type=int, default=2)
+    args = parser.parse_args()
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    talks = conversations(args.conversations)
+    figures: dict[str, list[dict]] = {"contextrender": [], "ctxkeeper": []}
+    ctxkeeper_command()
+    with FakeUpstream() as fake:
+        for round_ in range(1, args.rounds + 1):
+            for name in (("contextrender", "ctxkeeper") if round_ % 2 else ("ctxkeeper", "contextrender")):
+                fake.requests.clear()
+                row = replay(name, fake, args.budget, talks)
+                figures[name].append(row)
+                load = os.getloadavg()[0]
+                print(f"round {round_}, {name:13}: {row['requests']} requests, CPU {row['cpu_ms']:6.1f} ms per request, "
+                      f"time in the proxy p50 {row['p50']:6.1f} ms, p95 {row['p95']:6.1f} ms  (load {load:.1f})", flush=True)
+    ours, peer = figures["contextrender"], figures["ctxkeeper"]
+    cpu = (statistics.median(r["cpu_ms"] for r in ours), statistics.median(r["cpu_ms"] for r in peer))
+    p50 = (statistics.median(r["p50"] for r in ours), statistics.median(r["p50"] for r in peer))
+    print(f"medians over {args.rounds} rounds, {len(talks)} conversations, B = {args.budget}:")
+    print(f"  CPU per forwarded request: ContextRender {cpu[0]:.1f} ms, ctxkeeper {cpu[1]:.1f} ms, ratio {cpu[0] / cpu[1]:.2f}")
+    print(f"  time in the proxy p50:     ContextRender {p50[0]:.1f} ms, ctxkeeper {p50[1]:.1f} ms, ratio {p50[0] / p50[1]:.2f}")
+
+
+if __name__ == "__main__":
+    main()
