@@ -307,7 +307,10 @@ _installed: list[StorePlugin] = []
 
 
 def install() -> None:
-    """Register the hook once per process (later registrations answer first in jaclang)."""
+    """Register the hook once per process (later registrations answer first in jaclang). The
+    setting is read here first: jaclang would swallow its error inside the hook and open its own
+    store instead."""
+    busy_timeout()
     if not _installed:
         _installed.append(StorePlugin())
         plugin_manager.register(_installed[0])

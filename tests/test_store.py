@@ -4,7 +4,10 @@ its write transaction takes the lock."""
 
 from __future__ import annotations
 
+import os
 import sqlite3
+import subprocess
+import sys
 import threading
 import time
 
@@ -175,3 +178,10 @@ def test_a_row_stored_by_an_earlier_version_is_merged_by_jaclang_and_reads(tmp_p
     engine.ingest("old", [user("first"), assistant("second"), user("third")])
     assert on_text == [False, True]
     assert engine.get_session("old", include_messages=True)["messages"] == [user("first"), assistant("second"), user("third")]
+
+
+def test_a_malformed_busy_timeout_stops_the_engine_saying_so(tmp_path):
+    """jaclang swallows a failing hook and opens its own store: the setting is checked before."""
+    done = subprocess.run([sys.executable, "-c", "import contextrender.local"], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "CONTEXTRENDER_STORE_BUSY_TIMEOUT": "soon"})
+    assert done.returncode != 0 and "CONTEXTRENDER_STORE_BUSY_TIMEOUT must be a number of seconds > 0" in done.stderr

@@ -35,6 +35,7 @@ from typing import Any
 
 import jac_scale.plugin  # noqa: F401  (registers jac-scale's server class hook before ours)
 
+from contextrender import store
 from contextrender.server import access_table
 from contextrender.server import distributed
 from contextrender.server.guard import REFUSED_PREFIXES, RequestGuard
@@ -56,6 +57,7 @@ def server_class() -> type:
         def __post_init__(self) -> None:
             config = get_scale_config()
             check_jwt_secret(config.get_jwt_config()["secret"])
+            store.busy_timeout()  # a malformed CONTEXTRENDER_STORE_BUSY_TIMEOUT stops the start, saying so
             check_monitoring_password(config.get_monitoring_config())
             self.admin_password = admin_password()
             # jac-scale reads these when it registers the admin routes: off, or on with the
