@@ -567,3 +567,121 @@ def test_a_retried_turn_does_not_fork_and_its_answer_follows_its_own_request(eng
         assert (now["events"], now["branch"]) == (len(first), 1)
         rendered = engine.render("retry", [], budget=BUDGET * 10)
         assert rendered.messages[-1]["content"] == "Another first answer."
+
+
+# ---------------------------------------------------------------- issue 33: bounded requests, no cross-site use
+
+
+def _raw_exchange(port: int, request: bytes, timeout: float = 30) -> bytes:
+    """Send `request` on a new connection and read until the proxy closes it (or `timeout`)."""
+    import socket
+
+    answer = b""
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as sock:
+        sock.sendall(request)
+        try:
+            while chunk := sock.recv(65536):
+                answer += chunk
+        except (TimeoutError, ConnectionResetError):
+            pass
+    return answer
+
+
+def test_a_body_over_the_limit_is_refused_with_413_before_it_is_read(engine, upstream, proxy):
+    before = len(upstream.requests)
+    with proxy(max_body=1024 * 1024) as server:
+        # A declared length over the limit: answered at once, with nothing of the body sent.
+        started = time.monotonic()
+        head = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                b"Content-Length: 10737418240\r\n\r\n")
+        answer = _raw_exchange(server.port, head)
+        assert answer.startswith(b"HTTP/1.1 413"), answer[:300]
+        assert b"exceeds 1048576 bytes" in answer and time.monotonic() - started < 10
+        # A chunked body that grows past it: 413 once it does (the rest is never read).
+        def chunks():
+            for _ in range(64):
+                yield b"x" * 65536
+        response = httpx.post(f"{server.url}/v1/chat/completions", content=chunks(), headers={"content-type": "application/json"})
+        assert response.status_code == 413 and "CONTEXTRENDER_MAX_BODY_MB" in response.json()["error"]["message"]
+        # The passthrough routes too, in the protocol's error shape.
+        response = httpx.post(f"{server.url}/v1/messages/count_tokens", content=b"x" * (1024 * 1024 + 1))
+        assert response.status_code == 413 and response.json()["type"] == "error"
+        # Within the limit, served as before.
+        assert httpx.post(f"{server.url}/v1/chat/completions", json={"model": "m", "messages": conversation(2)}).status_code == 200
+    assert len(upstream.requests) == before + 1
+
+
+def test_requests_from_other_origins_are_refused_and_nothing_is_forwarded(engine, upstream, proxy):
+    body = {"model": "m", "messages": conversation(2)}
+    with proxy() as server:
+        for origin in ("https://evil.example", "null", "http://127.0.0.1.evil.example", "file://"):
+            for path in ("/v1/chat/completions", "/v1/models", "/v1/messages"):
+                response = httpx.post(f"{server.url}{path}", content=json.dumps(body), headers={"origin": origin, "content-type": "text/plain"})
+                assert response.status_code == 403 and "--allow-origin" in str(response.json()), (origin, path, response.text)
+        # A loopback page (and agents, which send no Origin) are served.
+        for origin in ("http://127.0.0.1:5173", "http://localhost:3000", "http://[::1]:8080"):
+            assert httpx.post(f"{server.url}/v1/chat/completions", json=body, headers={"origin": origin}).status_code == 200
+    assert len(upstream.requests) == 3
+    with proxy(allowed_origins=["https://app.example.com"]) as server:
+        assert httpx.post(f"{server.url}/v1/chat/completions", json=body, headers={"origin": "https://app.example.com"}).status_code == 200
+        assert httpx.post(f"{server.url}/v1/chat/completions", json=body, headers={"origin": "https://evil.example"}).status_code == 403
+    assert len(upstream.requests) == 4
+
+
+@pytest.mark.parametrize(("path", "body", "words"), [
+    ("/v1/chat/completions", b"messages=hello", "must be JSON"),
+    ("/v1/chat/completions", b'{"model": "m"}', "with `messages`, a list"),
+    ("/v1/chat/completions", b'[{"role": "user", "content": "hi"}]', "a JSON object with `messages`"),
+    ("/v1/messages", b'{"model": "m", "messages": "hi"}', "with `messages`, a list of turns"),
+    ("/v1/responses", b'{"model": "m"}', "with `input`"),
+    ("/v1/responses", b"not json", "must be JSON"),
+])
+def test_a_conversation_body_that_is_not_json_or_lacks_what_the_protocol_needs_is_400(engine, upstream, proxy, path, body, words):
+    with proxy() as server:
+        response = httpx.post(f"{server.url}{path}", content=body, headers={"content-type": "text/plain"})
+    assert response.status_code == 400 and words in str(response.json()), response.text
+    assert upstream.requests == [] and engine.list_sessions() == []
+
+
+def test_sigterm_stops_the_proxy_within_seconds_with_requests_in_flight(tmp_path):
+    """A body half sent and a call waiting on an upstream that never answers: SIGTERM still stops it."""
+    import signal
+    import socket
+    import threading
+
+    hanging = socket.create_server(("127.0.0.1", 0))
+    held: list[socket.socket] = []
+    threading.Thread(target=lambda: held.extend(iter(lambda: hanging.accept()[0], None)), daemon=True).start()
+    port = free_port()
+    command = [sys.executable, "-m", "contextrender.cli", "proxy", "--upstream", f"http://127.0.0.1:{hanging.getsockname()[1]}/v1",
+               "--budget", str(BUDGET), "--port", str(port), "--no-inspector"]
+    process = subprocess.Popen(command, env=dict(os.environ, CONTEXTRENDER_STORE=str(tmp_path / "store")), cwd=tmp_path,
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    clients = []
+    try:
+        deadline = time.monotonic() + 180
+        while True:
+            try:
+                clients.append(socket.create_connection(("127.0.0.1", port), timeout=5))
+                break
+            except OSError:
+                assert process.poll() is None and time.monotonic() < deadline, "the proxy did not start"
+                time.sleep(0.2)
+        clients[0].sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 1000000\r\n\r\n" + b"{" * 1000)
+        waiting = threading.Thread(target=lambda: httpx.post(f"http://127.0.0.1:{port}/v1/models", content=b"{}", timeout=60), daemon=True)
+        waiting.start()
+        deadline = time.monotonic() + 30
+        while not held and time.monotonic() < deadline:  # the second request reached the upstream
+            time.sleep(0.05)
+        assert held, "the passthrough request never reached the upstream"
+        started = time.monotonic()
+        process.send_signal(signal.SIGTERM)
+        process.wait(timeout=20)
+        assert time.monotonic() - started < 10, f"stopped after {time.monotonic() - started:.1f} s"
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+        for sock in clients + held:
+            sock.close()
+        hanging.close()

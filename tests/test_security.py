@@ -631,7 +631,9 @@ def test_proxy_refuses_bad_input_in_openai_shape_and_never_silently_unmanages(en
         assert good.status_code == 200 and good.headers[STATUS_HEADER] == "managed"
         post(bad)  # broken again after working: warned again
         assert len([r for r in caplog.records if "broken" in r.getMessage()]) == 2
+        # Without what the protocol needs: refused, not forwarded (issue 33).
         not_chat = httpx.post(f"{proxy.url}/v1/chat/completions", json={"model": "m"})
-        assert not_chat.headers[STATUS_HEADER].startswith("unmanaged")
+        assert not_chat.status_code == 400 and "`messages`" in not_chat.json()["error"]["message"]
+        assert len(upstream.requests) == before + 5
     # Stored: the readable list only (and the answer to it, ingested after the response).
     assert [m["content"] for m in engine.get_session("broken", include_messages=True)["messages"]][:3] == ["fine", "ok", "now readable"]

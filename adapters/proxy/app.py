@@ -9,7 +9,7 @@ import gc
 import json
 import logging
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from typing import Any
 
 import httpx
@@ -19,9 +19,10 @@ from starlette.concurrency import run_in_threadpool
 
 from contextrender.core import RESTORE_TOOL, InvalidRequest
 from contextrender.inspector import routes as inspector
+from contextrender.proxy.admission import Admission, allowed_origins_setting
 from contextrender.proxy.defaults import DEFAULT_RESTORE_ROUNDS, DEFAULT_SELECTOR, DEFAULT_UPSTREAM_TIMEOUT
 from contextrender.proxy.interfaces import Backend, Format, field
-from contextrender.proxy.protocols import PROTOCOLS, Protocol, format_of_path
+from contextrender.proxy.protocols import PROTOCOLS, Protocol, format_of_path, format_of_request
 from contextrender.proxy.restores import RequestRounds, Restores
 from contextrender.proxy.sessions import Sessions, chain_events, derive_session, model_encoding, named_session
 from contextrender.proxy.upstream import Upstream, error
@@ -147,16 +148,17 @@ class _Proxy:
             body = json.loads(raw)
         except RecursionError:
             return error(fmt, 400, _TOO_DEEP, "invalid_request_error")
-        except ValueError:
-            body = None
+        except ValueError as exc:
+            # Nothing is forwarded: a body that is not JSON is no request of this protocol (and a
+            # cross-site `text/plain` form post is not one either).
+            return error(fmt, 400, f"ContextRender proxy: the body of POST {protocol.path} must be JSON ({exc})", "invalid_request_error")
         failure: Exception | None = None
         try:
             exchange = fmt.parse(body) if isinstance(body, dict) else None
         except InvalidRequest as exc:
             exchange, failure = None, exc
         if exchange is None and failure is None:
-            # Not ours to judge: the upstream answers it.
-            return await self.upstream.forward(request, raw, fmt, headers=[(STATUS_HEADER, "unmanaged; reason=no_messages_list")])
+            return error(fmt, 400, f"ContextRender proxy: {protocol.needs}", "invalid_request_error")
         messages = exchange.messages if exchange is not None else []
         (session_id, name) = session_of(request, messages)
         if failure is not None:
@@ -249,12 +251,16 @@ def create_app(
     upstream_timeout: float | None = None,
     restore_rounds: int = DEFAULT_RESTORE_ROUNDS,
     inspect: bool = True,
+    allowed_origins: Iterable[str] | None = None,
+    max_body: int | None = None,
 ) -> FastAPI:
     """The proxy as an ASGI app (serve it with uvicorn). `backend` is an `Engine` or a `Client`.
     `upstream_timeout`: seconds of upstream silence before a 504 (default
     $CONTEXTRENDER_UPSTREAM_TIMEOUT or 600). `restore_rounds`: restore rounds one chat-completions
     request may take (0: the restore tool is never offered). `inspect`: serve the session inspector at
-    /contextrender/ (loopback clients only; adapters/inspector/routes.py)."""
+    /contextrender/ (loopback clients only; adapters/inspector/routes.py). `allowed_origins`: web
+    origins served beside the loopback (default $CONTEXTRENDER_ALLOWED_ORIGINS); `max_body`: the
+    largest request body in bytes (default $CONTEXTRENDER_MAX_BODY_MB MB, 32) (admission.py)."""
     if not isinstance(budget, int) or budget <= 0:
         raise ValueError(f"budget must be a positive number of tokens (got {budget!r})")
     if not isinstance(restore_rounds, int) or restore_rounds < 0:
@@ -283,6 +289,8 @@ def create_app(
 
     app = FastAPI(title="ContextRender proxy", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.proxy = proxy
+    app.add_middleware(Admission, fmt_of=format_of_request, max_body=max_body,
+                       allowed_origins=allowed_origins_setting() if allowed_origins is None else list(allowed_origins))
     for protocol in PROTOCOLS:
         app.add_api_route(protocol.path, _route(proxy, protocol), methods=["POST"], name=protocol.name)
     if inspect:  # the session inspector (docs/inspector.md), before the passthrough route below

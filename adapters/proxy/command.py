@@ -66,14 +66,21 @@ def run(args: argparse.Namespace) -> int:
         backend = _backend(args)
     except ValueError as bad:  # a malformed client setting ($CONTEXTRENDER_TIMEOUT)
         return _refuse(str(bad))
-    app = create_app(backend, args.upstream, args.budget, args.selector, args.fail_closed, args.upstream_timeout,
-                     args.restore_rounds, inspect=not args.no_inspector)
+    from contextrender.limits import uvicorn_settings
+
+    try:  # the limits' settings (contextrender/limits.py), a malformed one named
+        served = uvicorn_settings()
+        app = create_app(backend, args.upstream, args.budget, args.selector, args.fail_closed, args.upstream_timeout,
+                         args.restore_rounds, inspect=not args.no_inspector, allowed_origins=args.allow_origin or None,
+                         max_body=int(args.max_body_mb * 1024 * 1024) if args.max_body_mb else None)
+    except ValueError as bad:
+        return _refuse(str(bad))
     where = f"server {args.server}" if args.server else f"store {os.path.abspath(args.store)}"
     log.info("proxy on http://%s:%d -> %s (budget %d, selector %s, restore rounds %d, %s)", args.host, args.port,
              args.upstream, args.budget, args.selector, args.restore_rounds, where)
     if not args.no_inspector:
         log.info("session inspector: http://127.0.0.1:%d/contextrender/ (loopback only)", args.port)
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning", **served)
     return 0
 
 
@@ -101,4 +108,9 @@ def register(subparsers: Any) -> None:
                              f"tool contextrender_restore, answered by the proxy (default {DEFAULT_RESTORE_ROUNDS}; 0: never offered)")
     parser.add_argument("--no-inspector", action="store_true",
                         help="do not serve the session inspector page at /contextrender/ (served to loopback clients only)")
+    parser.add_argument("--allow-origin", action="append", default=[], metavar="ORIGIN",
+                        help="a web origin (scheme://host[:port]) whose pages may call the proxy, beside the loopback "
+                             "(repeatable; default $CONTEXTRENDER_ALLOWED_ORIGINS; any other Origin gets 403)")
+    parser.add_argument("--max-body-mb", type=float, default=None,
+                        help="the largest request body, in MB (default $CONTEXTRENDER_MAX_BODY_MB or 32; larger gets 413)")
     parser.set_defaults(func=run)

@@ -14,7 +14,7 @@ from contextrender.proxy.messages.wire import FORMAT as MESSAGES
 from contextrender.proxy.responses.restore import RESPONSES_ROUNDS
 from contextrender.proxy.responses.wire import FORMAT as RESPONSES
 
-__all__ = ["PROTOCOLS", "Protocol", "format_of_path"]
+__all__ = ["PROTOCOLS", "Protocol", "format_of_path", "format_of_request"]
 
 
 @dataclass(frozen=True)
@@ -23,12 +23,17 @@ class Protocol:
     path: str
     format: Format
     rounds: RestoreProtocol
+    # What a request of this protocol must hold (the 400's message when it does not).
+    needs: str
 
 
 PROTOCOLS = (
-    Protocol("chat", "/v1/chat/completions", CHAT, CHAT_ROUNDS),
-    Protocol("messages", "/v1/messages", MESSAGES, MESSAGES_ROUNDS),
-    Protocol("responses", "/v1/responses", RESPONSES, RESPONSES_ROUNDS),
+    Protocol("chat", "/v1/chat/completions", CHAT, CHAT_ROUNDS,
+             "a chat completions request is a JSON object with `messages`, a list of messages"),
+    Protocol("messages", "/v1/messages", MESSAGES, MESSAGES_ROUNDS,
+             "a Messages request is a JSON object with `messages`, a list of turns"),
+    Protocol("responses", "/v1/responses", RESPONSES, RESPONSES_ROUNDS,
+             "a Responses request is a JSON object with `input`, a string or a list of items (objects)"),
 )
 
 
@@ -36,3 +41,8 @@ def format_of_path(path: str) -> Format:
     """The format whose errors a passthrough path answers with: a managed protocol's sub-path (Anthropic's
     `/v1/messages/count_tokens`, batches) gets that protocol's; anything else chat completions'."""
     return next((p.format for p in PROTOCOLS if path.startswith(p.path + "/")), CHAT)
+
+
+def format_of_request(path: str) -> Format:
+    """The format whose errors a request on `path` gets: a managed protocol's, else `format_of_path`'s."""
+    return next((p.format for p in PROTOCOLS if path == p.path), None) or format_of_path(path)

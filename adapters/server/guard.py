@@ -8,11 +8,10 @@ import asyncio
 import collections
 import json
 import logging
-import os
 import threading
-import time
 from typing import Any
 
+from contextrender.limits import BodyRefused, body_timeout, max_body_bytes, read_body
 from contextrender.locks import KeyedLocks
 from contextrender.server.errors import map_walker_error
 
@@ -20,8 +19,6 @@ __all__ = ["REFUSED_PREFIXES", "ClientWatch", "RequestGuard", "body_timeout", "j
 
 logger = logging.getLogger("contextrender.server")
 
-DEFAULT_MAX_BODY_MB = 32
-DEFAULT_BODY_TIMEOUT = 30.0
 # The walker that makes a session (the request guard calls it ahead of a new session's first call).
 CREATE_WALKER = "create_session"
 # Sessions the per-session lock remembers as existing (the least recently used are forgotten).
@@ -29,15 +26,6 @@ MAX_KNOWN_SESSIONS = 100_000
 # Route prefixes that are not ContextRender's: module functions, the client-app error log.
 REFUSED_PREFIXES = {"/function/": "ContextRender serves no /function routes; its endpoints are POST /walker/<name>",
                     "/cl/": "ContextRender serves no client app"}
-
-
-def max_body_bytes() -> int:
-    return int(float(os.environ.get("CONTEXTRENDER_MAX_BODY_MB", DEFAULT_MAX_BODY_MB)) * 1024 * 1024)
-
-
-def body_timeout() -> float:
-    return float(os.environ.get("CONTEXTRENDER_BODY_TIMEOUT", DEFAULT_BODY_TIMEOUT))
-
 
 
 def json_problem(body: bytes) -> tuple[Any, str]:
@@ -300,27 +288,11 @@ class RequestGuard:
     async def read_body(self, scope: dict, receive: Any) -> bytes | None:
         """The whole body (within the limit, declared or chunked) before the app reads it. A client
         that pauses longer than the timeout mid-body, or takes ten times it overall, gets 408."""
-        too_large = (f"request body exceeds {self.limit} bytes; send fewer messages per call "
-                     "(append=true takes only new events) or raise CONTEXTRENDER_MAX_BODY_MB")
-        declared = dict(scope.get("headers") or []).get(b"content-length")
-        if declared is not None and declared.isdigit() and int(declared) > self.limit:
-            raise _Refused(413, "BODY_TOO_LARGE", too_large)
-        body = bytearray()
-        deadline = time.monotonic() + 10 * self.timeout
-        while True:
-            wait = min(self.timeout, deadline - time.monotonic())
-            try:
-                message = await asyncio.wait_for(receive(), timeout=max(wait, 0.0))
-            except TimeoutError:
-                raise _Refused(408, "BODY_TIMEOUT", f"the request body did not arrive within {self.timeout:g} s of silence "
-                               f"({10 * self.timeout:g} s in all); send it whole (CONTEXTRENDER_BODY_TIMEOUT)", close=True) from None
-            if message["type"] == "http.disconnect":
-                return None
-            body += message.get("body", b"")
-            if len(body) > self.limit:
-                raise _Refused(413, "BODY_TOO_LARGE", too_large, close=True)
-            if not message.get("more_body"):
-                return bytes(body)
+        try:
+            return await read_body(scope, receive, self.limit, self.timeout,
+                                   "send fewer messages per call (append=true takes only new events) or raise CONTEXTRENDER_MAX_BODY_MB")
+        except BodyRefused as refused:
+            raise _Refused(refused.status, refused.code, refused.message, refused.close) from None
 
     def mapped(self, send: Any, answered: dict | None = None) -> Any:
         """`send` with jac-scale's 500 for a walker error replaced by the error's own status (the

@@ -36,10 +36,11 @@ def stop_process(process: subprocess.Popen, grace: float = 30) -> None:
 class LoopbackServer:
     """Serves an ASGI app with uvicorn on 127.0.0.1 in a daemon thread (a context manager)."""
 
-    def __init__(self, app: Any, port: int | None = None) -> None:
+    def __init__(self, app: Any, port: int | None = None, **settings: Any) -> None:
+        """`settings`: more of uvicorn.Config's (such as `contextrender.limits.uvicorn_settings()`)."""
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        config = uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning", lifespan="on")
+        config = uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning", lifespan="on", **settings)
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._server.run, daemon=True)
 
