@@ -69,10 +69,12 @@ def upstream():
 @pytest.fixture(scope="session")
 def jac_server(tmp_path_factory):
     """One real server for the session's HTTP tests (bodies over 1 MB are refused, to test 413; a
-    body that stalls 10 s gets 408: shorter failed a test's ordinary request at load 10 on 2 cores)."""
+    body that stalls 10 s gets 408: shorter failed a test's ordinary request at load 10 on 2 cores;
+    headers not complete 5 s after a connection opened get 408, to test a slowloris run)."""
     from jacserver import JacServer
 
-    server = JacServer(tmp_path_factory.mktemp("jac_server"), CONTEXTRENDER_MAX_BODY_MB="1", CONTEXTRENDER_BODY_TIMEOUT="10").start()
+    server = JacServer(tmp_path_factory.mktemp("jac_server"), CONTEXTRENDER_MAX_BODY_MB="1", CONTEXTRENDER_BODY_TIMEOUT="10",
+                       CONTEXTRENDER_HEADER_TIMEOUT="5").start()
     yield server
     server.stop()
 

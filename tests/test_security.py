@@ -637,3 +637,125 @@ def test_proxy_refuses_bad_input_in_openai_shape_and_never_silently_unmanages(en
         assert len(upstream.requests) == before + 5
     # Stored: the readable list only (and the answer to it, ingested after the response).
     assert [m["content"] for m in engine.get_session("broken", include_messages=True)["messages"]][:3] == ["fine", "ok", "now readable"]
+
+
+# ---------------------------------------------------------------- issue 33: tokens that end, no cross-site use, accounts
+
+
+def _login(server: JacServer, name: str, password: str = SECRET_PASSWORD) -> httpx.Response:
+    return httpx.post(f"{server.url}/user/login", json={"identity": {"type": "username", "value": name},
+                                                        "credential": {"type": "password", "password": password}}, timeout=60)
+
+
+def _reads(server: JacServer, token: str) -> int:
+    return httpx.post(f"{server.url}/walker/list_sessions", json={}, headers={"Authorization": f"Bearer {token}"}, timeout=60).status_code
+
+
+def test_a_password_change_revokes_earlier_tokens_and_logout_revokes_its_own(jac_server):
+    name = f"tokens_{uuid.uuid4().hex[:8]}"
+    account(jac_server, name).close()
+    first, second = (_login(jac_server, name).json()["data"]["token"] for _ in range(2))
+    assert _reads(jac_server, first) == _reads(jac_server, second) == 200
+    # Logout revokes the token it is sent with, and only that one.
+    out = httpx.post(f"{jac_server.url}/user/logout", headers={"Authorization": f"Bearer {first}"})
+    assert out.status_code == 200 and out.json()["data"]["revoked"] == "token"
+    assert _reads(jac_server, first) == 401 and _reads(jac_server, second) == 200
+    assert httpx.post(f"{jac_server.url}/user/refresh-token", json={"token": first}).status_code == 401
+    # A password change revokes every earlier token; refreshing one gets nothing.
+    changed = httpx.put(f"{jac_server.url}/user/password", headers={"Authorization": f"Bearer {second}"},
+                        json={"current_password": SECRET_PASSWORD, "new_password": "another-long-password-2"})
+    assert changed.status_code == 200, changed.text
+    assert _reads(jac_server, second) == 401
+    assert httpx.post(f"{jac_server.url}/user/refresh-token", json={"token": second}).status_code == 401
+    assert _login(jac_server, name).status_code == 401
+    fresh = _login(jac_server, name, "another-long-password-2").json()["data"]["token"]
+    assert _reads(jac_server, fresh) == 200
+    # Logging out everywhere revokes the user's every token.
+    other = _login(jac_server, name, "another-long-password-2").json()["data"]["token"]
+    assert httpx.post(f"{jac_server.url}/user/logout", headers={"Authorization": f"Bearer {fresh}"}, json={"all": True}).status_code == 200
+    assert _reads(jac_server, fresh) == _reads(jac_server, other) == 401
+    assert httpx.post(f"{jac_server.url}/user/logout", headers={"Authorization": f"Bearer {other}"}).status_code == 401
+
+
+def test_a_refresh_keeps_the_logins_absolute_lifetime(jac_server):
+    import jwt
+
+    name = f"refresh_{uuid.uuid4().hex[:8]}"
+    account(jac_server, name).close()
+    token = _login(jac_server, name).json()["data"]["token"]
+    claims = jwt.decode(token, options={"verify_signature": False})
+    refreshed = httpx.post(f"{jac_server.url}/user/refresh-token", json={"token": token})
+    assert refreshed.status_code == 200, refreshed.text
+    again = jwt.decode(refreshed.json()["data"]["token"], options={"verify_signature": False})
+    # The same login: its auth_time, and an expiry no later than 30 days (the default) after it.
+    assert again["auth_time"] == claims["auth_time"] and again["jti"] != claims["jti"]
+    assert again["exp"] <= claims["auth_time"] + 30 * 86400 + 1
+    # A token past that lifetime (forged here with the server's secret) is not refreshed, and one
+    # whose signature is wrong is refused outright.
+    secret = jac_server.env["CONTEXTRENDER_JWT_SECRET"]
+    old = jwt.encode(dict(claims, auth_time=time.time() - 31 * 86400, jti="old-login"), secret, algorithm="HS256")
+    assert _reads(jac_server, old) == 200  # still within its own expiry
+    assert httpx.post(f"{jac_server.url}/user/refresh-token", json={"token": old}).status_code == 401
+    forged = jwt.encode(dict(claims, jti="forged"), "not-the-secret-" * 4, algorithm="HS256")
+    assert httpx.post(f"{jac_server.url}/user/refresh-token", json={"token": forged}).status_code == 401
+
+
+def test_short_passwords_are_refused_at_registration_and_change(jac_server):
+    name = f"short_{uuid.uuid4().hex[:8]}"
+    response = httpx.post(f"{jac_server.url}/user/register", json={"identities": [{"type": "username", "value": name}],
+                                                                   "credential": {"type": "password", "password": "a"}})
+    assert response.status_code == 400 and "CONTEXTRENDER_MIN_PASSWORD_LENGTH" in response.json()["error"]["message"]
+    assert _login(jac_server, name, "a").status_code == 401  # no account was made
+    with account(jac_server, name) as client:
+        response = httpx.put(f"{jac_server.url}/user/password", headers={"Authorization": f"Bearer {client.token}"},
+                             json={"current_password": SECRET_PASSWORD, "new_password": "short-11ch"})
+        assert response.status_code == 400 and "at least 12 characters" in response.json()["error"]["message"]
+        assert _reads(jac_server, client.token) == 200 and _login(jac_server, name).status_code == 200
+
+
+def test_failed_logins_are_throttled_with_429_and_retry_after(jac_server):
+    name = f"guessed_{uuid.uuid4().hex[:8]}"
+    account(jac_server, name).close()
+    statuses = [_login(jac_server, name, f"guess-number-{i:04d}").status_code for i in range(5)]
+    assert statuses == [401] * 5
+    throttled = _login(jac_server, name, "guess-number-0005")
+    assert throttled.status_code == 429 and int(throttled.headers["retry-after"]) >= 1
+    assert "try again in" in throttled.json()["error"]["message"]
+    # Even the right password waits (the guesser cannot tell), then works and clears the count.
+    assert _login(jac_server, name).status_code == 429
+    time.sleep(int(throttled.headers["retry-after"]) + 0.5)
+    assert _login(jac_server, name).status_code == 200
+    assert _login(jac_server, name, "guess-number-0006").status_code == 401
+    assert _login(jac_server, name).status_code == 200
+
+
+def test_cors_is_off_by_default_and_no_origin_is_reflected(jac_server, alice):
+    preflight = httpx.options(f"{jac_server.url}/walker/list_sessions", headers={
+        "Origin": "https://evil.example", "Access-Control-Request-Method": "POST", "Access-Control-Request-Headers": "authorization"})
+    assert "access-control-allow-origin" not in preflight.headers and "access-control-allow-credentials" not in preflight.headers
+    answer = httpx.post(f"{jac_server.url}/walker/list_sessions", json={}, headers={**headers(alice), "Origin": "https://evil.example"})
+    assert answer.status_code == 200 and "access-control-allow-origin" not in answer.headers
+
+
+def test_cors_origins_allow_only_the_named_origins_without_credentials(monkeypatch):
+    from starlette.applications import Starlette
+    from starlette.middleware import Middleware
+    from starlette.middleware.cors import CORSMiddleware
+    from starlette.testclient import TestClient
+
+    from contextrender.server.cors import settle_cors
+
+    monkeypatch.setenv("CONTEXTRENDER_CORS_ORIGINS", "https://app.example.com")
+    app = Starlette()
+    app.user_middleware.insert(0, Middleware(CORSMiddleware, allow_origins=["*"], allow_credentials=True, allow_methods=["*"], allow_headers=["*"]))
+    settle_cors(app.user_middleware)
+    with TestClient(app) as http:
+        ask = {"Access-Control-Request-Method": "POST", "Access-Control-Request-Headers": "authorization"}
+        good = http.options("/x", headers={"Origin": "https://app.example.com", **ask})
+        assert good.headers["access-control-allow-origin"] == "https://app.example.com"
+        assert "access-control-allow-credentials" not in good.headers
+        bad = http.options("/x", headers={"Origin": "https://evil.example", **ask})
+        assert bad.status_code == 400 and "access-control-allow-origin" not in bad.headers
+    monkeypatch.setenv("CONTEXTRENDER_CORS_ORIGINS", "*")
+    with pytest.raises(SystemExit, match="may not be"):
+        settle_cors([])

@@ -36,8 +36,11 @@ from typing import Any
 import jac_scale.plugin  # noqa: F401  (registers jac-scale's server class hook before ours)
 
 from contextrender import store
+from contextrender.limits import use_guarded_http
 from contextrender.server import access_table
 from contextrender.server import distributed
+from contextrender.server.accounts import LoginThrottle, logout_route
+from contextrender.server.cors import settle_cors
 from contextrender.server.guard import REFUSED_PREFIXES, RequestGuard
 from contextrender.server.secret_checks import (  # noqa: F401 (PUBLIC_DEFAULT_SECRET, strength_problem: re-exported)
     PUBLIC_DEFAULT_SECRET, admin_password, check_jwt_secret, check_monitoring_password, strength_problem,
@@ -67,6 +70,11 @@ def server_class() -> type:
             if self.admin_password is not None:
                 settings.update(default_password=self.admin_password, require_password_reset=False)
             super().__post_init__()
+            settle_cors(self.server.app.user_middleware)  # jac-scale's reflects any origin (adapters/server/cors.py)
+            try:  # a header read timeout and a cap on connections per client (contextrender/limits.py)
+                use_guarded_http()
+            except ValueError as bad:
+                raise SystemExit(f"ContextRender refuses to start: {bad}") from None
             # Access levels from the compile cache instead of a compile from source (about half
             # of a warm start; adapters/server/access_table.py). The first load is get_walkers() below.
             access_table.use_cached_tables(self.introspector)
@@ -76,6 +84,8 @@ def server_class() -> type:
                 RequestGuard, fields_of=self.request_fields, admin=self.admin_password is not None,
                 root_writers=root_writers | {"delete_session"},
             ))
+            # Failed logins throttled (429 with Retry-After; adapters/server/accounts.py).
+            self.server.app.user_middleware.append(Middleware(LoginThrottle))
             # Several processes on one store (adapters/server/distributed.py, docs/scale-out.md); nothing without Redis.
             distributed.install(self.server.app, root_writers | {"delete_session"})
             host = os.environ.get("CONTEXTRENDER_HOST") or config.get_server_config().get("host") or "0.0.0.0"
@@ -142,6 +152,8 @@ def server_class() -> type:
 
             for path, handler in inspector.server_routes():
                 self.server.app.add_api_route(path, handler, methods=["GET"], include_in_schema=False)
+            # Logout revokes the token (jac-scale has none; adapters/server/accounts.py).
+            self.server.app.add_api_route("/user/logout", logout_route(self.user_manager), methods=["POST"], tags=["User APIs"])
 
         def request_fields(self, walker: str, caller: str | None) -> set[str] | None:
             """The fields a request to `walker` may name (its `has` fields); None for no such walker,

@@ -42,6 +42,14 @@ class ServerPlugin:
 
         return StorePlugin.get_persistent_memory(config)
 
+    @staticmethod
+    @hookimpl
+    def get_user_manager(base_path: str) -> Any:
+        """jac-scale's user manager with tokens that end and a password minimum (accounts.py)."""
+        from contextrender.server.accounts import user_manager_class
+
+        return user_manager_class()(base_path=base_path)
+
 
 def register_server() -> bool:
     """Register ServerPlugin with jaclang (once) where jac-scale serves; whether it is registered."""
