@@ -759,3 +759,87 @@ def test_cors_origins_allow_only_the_named_origins_without_credentials(monkeypat
     monkeypatch.setenv("CONTEXTRENDER_CORS_ORIGINS", "*")
     with pytest.raises(SystemExit, match="may not be"):
         settle_cors([])
+
+
+# ---------------------------------------------------------------- issue 33: slow or stuck clients are bounded
+
+
+def slowloris(port: int, count: int, seconds: float, trickle: bool = True) -> list[tuple[bytes, float]]:
+    """A bounded slowloris run on loopback: `count` sockets open a request and send its headers a
+    line at a time, one per second, never finishing them, for at most `seconds`. Returns, per
+    socket, what the server answered and when it closed the socket (seconds from the start; inf
+    if it was still open at the end)."""
+    import selectors
+
+    started = time.monotonic()
+    sockets = []
+    for _ in range(count):
+        sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+        sock.sendall(b"POST /walker/health HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+        sock.setblocking(False)
+        sockets.append(sock)
+    answers = {s: b"" for s in sockets}
+    closed: dict[socket.socket, float] = {}
+    selector = selectors.DefaultSelector()
+    for sock in sockets:
+        selector.register(sock, selectors.EVENT_READ)
+    next_line = time.monotonic() + 1
+    while len(closed) < count and time.monotonic() - started < seconds:
+        for (key, _) in selector.select(timeout=0.2):
+            try:
+                data = key.fileobj.recv(65536)
+            except (BlockingIOError, InterruptedError):
+                continue
+            except OSError:
+                data = b""
+            if data:
+                answers[key.fileobj] += data
+            else:
+                closed[key.fileobj] = time.monotonic() - started
+                selector.unregister(key.fileobj)
+        if trickle and time.monotonic() >= next_line:
+            next_line += 1
+            for sock in sockets:
+                if sock not in closed:
+                    try:
+                        sock.send(b"X-Slow-%d: 1\r\n" % int(time.monotonic() * 1000))
+                    except OSError:
+                        pass
+    for sock in sockets:
+        sock.close()
+    return [(answers[s], closed.get(s, float("inf"))) for s in sockets]
+
+
+def test_the_server_bounds_a_slowloris_run(jac_server):
+    # 40 sockets trickling headers (CONTEXTRENDER_HEADER_TIMEOUT=5 in conftest): served meanwhile,
+    # and each answered 408 and closed soon after 5 s, however long it goes on sending.
+    import threading as _threading
+
+    served: list[int] = []
+    prober = _threading.Timer(2.0, lambda: served.append(httpx.post(f"{jac_server.url}/walker/health", json={}, timeout=30).status_code))
+    prober.start()
+    run = slowloris(jac_server.port, 40, seconds=40)
+    prober.join()
+    assert served == [200]
+    assert all(answer.startswith(b"HTTP/1.1 408") and b"CONTEXTRENDER_HEADER_TIMEOUT" in answer for (answer, _) in run), run[0]
+    assert max(when for (_, when) in run) < 25, sorted(when for (_, when) in run)[-3:]
+    # One client holding more than 64 connections (the default cap): the rest are refused at once.
+    run = slowloris(jac_server.port, 72, seconds=30, trickle=False)
+    refused = [answer for (answer, when) in run if answer.startswith(b"HTTP/1.1 429")]
+    assert 8 <= len(refused) <= 20 and all(b"retry-after: 1" in a.lower() for a in refused), len(refused)
+    assert httpx.post(f"{jac_server.url}/walker/health", json={}, timeout=30).status_code == 200
+
+
+def test_the_proxy_bounds_a_slowloris_run(engine, upstream, monkeypatch):
+    from contextrender.limits import uvicorn_settings
+
+    monkeypatch.setenv("CONTEXTRENDER_HEADER_TIMEOUT", "2")
+    monkeypatch.setenv("CONTEXTRENDER_MAX_CONNECTIONS_PER_CLIENT", "30")
+    with LoopbackServer(create_app(engine, upstream.base_url, 600), **uvicorn_settings()) as proxy:
+        run = slowloris(proxy.port, 40, seconds=30)
+        refused = [a for (a, _) in run if a.startswith(b"HTTP/1.1 429")]
+        timed_out = [(a, when) for (a, when) in run if a.startswith(b"HTTP/1.1 408")]
+        assert len(refused) == 10 and len(timed_out) == 30, [a[:40] for (a, _) in run]
+        assert max(when for (_, when) in timed_out) < 15
+        response = httpx.post(f"{proxy.url}/v1/chat/completions", json=chat(), timeout=60)
+        assert response.status_code == 200
