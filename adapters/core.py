@@ -28,7 +28,7 @@ _FROM: dict[str, tuple[str, ...]] = {
     # and the settings check against it.
     "engine.registry": ("SELECTORS", "render_settings"),
     "engine.score": ("latest_exchange_text",),
-    "engine.errors": ("ContextRenderError", "InvalidRequest", "UnknownSession", "UnknownResult", "HistoryConflict", "ClientGone"),
+    "engine.errors": ("ContextRenderError", "InvalidRequest", "UnknownSession", "UnknownResult", "HistoryConflict", "ClientGone", "QuotaExceeded"),
     # Where the server tells a walker that its request's client has left (adapters/server/guard.py).
     "engine.cancel": ("CLIENT_LEFT",),
     "graph.content": ("content_text",),

@@ -34,12 +34,19 @@ class FakeWalkers:
         self.creating = 0
         self.most_creating = 0
         self.left_seen: dict[str, bool] = {}
+        self.stored_bytes: dict[str, int] = {}
 
     async def __call__(self, scope: dict, receive, send) -> None:
         body = json.loads((await receive())["body"])
-        walker, session = scope["path"].removeprefix("/walker/"), body["session_id"]
-        self.calls.append((walker, session))
+        walker, session = scope["path"].removeprefix("/walker/"), body.get("session_id")
         status, report = 200, {}
+        if walker == "list_sessions":  # the guard's read of the stored total (not a call of the test's)
+            report = [{"session_id": s, "stored_bytes": self.stored_bytes.get(s, 0)} for s in sorted(self.sessions)]
+            payload = json.dumps({"ok": True, "data": {"reports": [report]}}).encode()
+            await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"application/json")]})
+            await send({"type": "http.response.body", "body": payload})
+            return
+        self.calls.append((walker, session))
         if walker == "create_session":
             self.creating += 1
             self.most_creating = max(self.most_creating, self.creating)
@@ -283,3 +290,32 @@ def test_a_client_that_drops_mid_body_leaves_one_log_line_and_no_traceback(jac_s
     assert written.count("before its request body was complete") == 1, written[-2000:]
     assert "Traceback" not in written and "No response returned" not in written, written[-2000:]
     assert "dropped" not in sessions_of(carol)
+
+
+def test_a_user_at_the_stored_bytes_quota_gets_403_and_can_still_read_and_delete():
+    async def scenario() -> None:
+        app = FakeWalkers()
+        guard = RequestGuard(app, fields_of=lambda name, caller: None, root_writers=ROOT_WRITERS, max_stored=1000)
+        first = Request(guard, "ingest_events", "a")
+        await first.task
+        assert first.status == 200
+        app.stored_bytes["a"] = 1000  # what the session now stores, as list_sessions reports it
+        guard.stored.clear()  # read again (as after STORED_REFRESH seconds)
+        refused = Request(guard, "ingest_events", "b")
+        await refused.task
+        assert refused.status == 403 and ("ingest_events", "b") not in app.calls and "b" not in app.sessions
+        also = Request(guard, "render_context", "a")
+        await also.task
+        assert also.status == 403
+        # Reads and deletions go on; a deletion makes room.
+        read = Request(guard, "get_session", "a")
+        await read.task
+        assert read.status == 200
+        gone = Request(guard, "delete_session", "a")
+        await gone.task
+        app.stored_bytes.pop("a")
+        again = Request(guard, "ingest_events", "b")
+        await again.task
+        assert gone.status == 200 and again.status == 200
+
+    asyncio.run(asyncio.wait_for(scenario(), timeout=60))

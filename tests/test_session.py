@@ -160,3 +160,28 @@ def test_list_sessions_reads_the_stored_fields_without_loading_a_session(engine,
     monkeypatch.setattr(SharedSqliteStore, "edge_targets", lambda *args: None)
     assert engine.list_sessions() == listed
     assert sorted(loaded) == sorted(by_id)
+
+
+def test_a_root_holds_at_most_its_quota_of_sessions_and_counts_stored_bytes(engine, monkeypatch):
+    from contextrender.core import QuotaExceeded
+    from contextrender.server.errors import _error_statuses
+
+    monkeypatch.setenv("CONTEXTRENDER_MAX_SESSIONS_PER_USER", "3")
+    for tag in ("a", "b", "c"):
+        engine.ingest(tag, conversation(tag))
+    before = engine.list_sessions()
+    with pytest.raises(QuotaExceeded, match="CONTEXTRENDER_MAX_SESSIONS_PER_USER=3") as refused:
+        engine.ingest("d", conversation("d"))
+    assert refused.value.status == 403 and _error_statuses()["QuotaExceeded"] == 403
+    with pytest.raises(QuotaExceeded):
+        engine.render("d", conversation("d"), budget=300)
+    assert engine.list_sessions() == before
+    # The sessions held still take writes; a deletion makes room.
+    engine.ingest("a", [user("and more")], append=True)
+    engine.delete_session("b")
+    engine.ingest("d", conversation("d"))
+    # Each session counts the bytes of its events (their JSON), in list_sessions and get_session.
+    stored = {s["session_id"]: s["stored_bytes"] for s in engine.list_sessions()}
+    assert stored["d"] == sum(len(json.dumps(m, ensure_ascii=False).encode()) for m in conversation("d")[1:])
+    assert stored["a"] == stored["d"] + len(json.dumps(user("and more")).encode())
+    assert engine.get_session("a")["stored_bytes"] == stored["a"]

@@ -8,7 +8,9 @@ import asyncio
 import collections
 import json
 import logging
+import os
 import threading
+import time
 from typing import Any
 
 from contextrender.limits import BodyRefused, body_timeout, max_body_bytes, read_body
@@ -23,6 +25,22 @@ logger = logging.getLogger("contextrender.server")
 CREATE_WALKER = "create_session"
 # Sessions the per-session lock remembers as existing (the least recently used are forgotten).
 MAX_KNOWN_SESSIONS = 100_000
+DEFAULT_MAX_STORED_MB = 1024
+# Seconds a user's stored total (list_sessions) is trusted before it is read again; the bytes
+# this process accepted since are added to it meanwhile.
+STORED_REFRESH = 5.0
+
+
+def max_stored_bytes() -> int:
+    """CONTEXTRENDER_MAX_STORED_MB: the most bytes of events one user may store (default 1024 MB)."""
+    raw = os.environ.get("CONTEXTRENDER_MAX_STORED_MB", "")
+    try:
+        value = float(raw) if raw.strip() else DEFAULT_MAX_STORED_MB
+    except ValueError:
+        value = -1.0
+    if not 0 < value < float("inf"):
+        raise SystemExit(f"ContextRender refuses to start: CONTEXTRENDER_MAX_STORED_MB must be a positive number (got {raw!r})")
+    return int(value * 1024 * 1024)
 # Route prefixes that are not ContextRender's: module functions, the client-app error log.
 REFUSED_PREFIXES = {"/function/": "ContextRender serves no /function routes; its endpoints are POST /walker/<name>",
                     "/cl/": "ContextRender serves no client app"}
@@ -53,6 +71,15 @@ def _json_response(status: int, code: str, message: str, close: bool = False) ->
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
     start = {"type": "http.response.start", "status": status, "headers": headers + ([(b"connection", b"close")] if close else [])}
     return start, body.encode()
+
+
+def _reported_value(payload: bytes) -> Any:
+    """The one report of a walker's answer, whatever it is (None when it has none)."""
+    try:
+        reports = (json.loads(payload).get("data") or {}).get("reports") or [None]
+    except (ValueError, AttributeError):
+        return None
+    return reports[0]
 
 
 def _reported(payload: bytes) -> dict:
@@ -128,7 +155,8 @@ class RequestGuard:
     to check, such as a walker that needs a login the request lacks: it answers 401 itself)."""
 
     def __init__(self, app: Any, limit: int | None = None, fields_of: Any = None, admin: bool = False,
-                 timeout: float | None = None, root_writers: set[str] | frozenset = frozenset()) -> None:
+                 timeout: float | None = None, root_writers: set[str] | frozenset = frozenset(),
+                 max_stored: int | None = None) -> None:
         self.app = app
         self.limit = max_body_bytes() if limit is None else limit
         self.timeout = body_timeout() if timeout is None else timeout
@@ -139,6 +167,9 @@ class RequestGuard:
         # (user, session_id) this process has answered, most recent last.
         self.root_writers = root_writers
         self.known: collections.OrderedDict = collections.OrderedDict()
+        # The per-user quota on stored bytes, and each user's total as last read: (when, bytes).
+        self.max_stored = max_stored_bytes() if max_stored is None else max_stored
+        self.stored: collections.OrderedDict = collections.OrderedDict()
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -218,6 +249,13 @@ class RequestGuard:
             async with self.locks.hold_async((caller,)):
                 await self.app(scope, replay, self.mapped(send, answered))
         else:
+            if walker in self.root_writers and walker != "delete_session":
+                over = await self.over_quota(scope, caller, watch)
+                if over:
+                    start, payload = _json_response(403, "QUOTA_EXCEEDED", over)
+                    await send(start)
+                    await send({"type": "http.response.body", "body": payload})
+                    return 403
             if walker in self.root_writers and key not in self.known:
                 async with self.locks.hold_async((caller,)):
                     (start, payload) = await self.subcall(scope, CREATE_WALKER, {"session_id": session_id}, watch)
@@ -230,8 +268,12 @@ class RequestGuard:
             await self.app(scope, replay, self.mapped(send, answered))
         if walker == "delete_session":
             self.known.pop(key, None)
+            self.stored.pop(caller, None)
         elif answered.get("status", 500) < 300:
             self.remember(key)
+            if caller in self.stored:  # at most what this call stored, until the total is read again
+                (when, total) = self.stored[caller]
+                self.stored[caller] = (when, total + len(body))
         elif created:
             # The client did not get the session it asked for: take back the empty one made for it
             # (even when the client has left: the call is ours now).
@@ -265,6 +307,26 @@ class RequestGuard:
                        self.mapped(capture))
         start = answer.get("start") or {"type": "http.response.start", "status": 500, "headers": []}
         return start, b"".join(answer["chunks"])
+
+    async def over_quota(self, scope: dict, caller: str, watch: ClientWatch) -> str:
+        """Why `caller` may store nothing more ("" while under the quota on stored bytes): their
+        sessions' total (list_sessions, read again after STORED_REFRESH seconds) at the quota."""
+        now = time.monotonic()
+        cached = self.stored.get(caller)
+        if cached is None or now - cached[0] > STORED_REFRESH:
+            (start, payload) = await self.subcall(scope, "list_sessions", {}, watch)
+            sessions = _reported_value(payload) if start["status"] < 300 else None
+            if not isinstance(sessions, list):
+                return ""  # not known: the call decides (it answers the same failure)
+            cached = (now, sum(int(s.get("stored_bytes") or 0) for s in sessions if isinstance(s, dict)))
+            self.stored[caller] = cached
+            self.stored.move_to_end(caller)
+            while len(self.stored) > MAX_KNOWN_SESSIONS:
+                self.stored.popitem(last=False)
+        if cached[1] < self.max_stored:
+            return ""
+        return (f"this user stores {cached[1]} bytes of events, the most allowed (CONTEXTRENDER_MAX_STORED_MB="
+                f"{self.max_stored / 1024 / 1024:g}); nothing was written: delete sessions (delete_session) or raise the setting")
 
     def remember(self, key: tuple) -> None:
         """`key` is a session this process has seen exist (the least recently used are forgotten)."""
