@@ -685,3 +685,56 @@ def test_sigterm_stops_the_proxy_within_seconds_with_requests_in_flight(tmp_path
         for sock in clients + held:
             sock.close()
         hanging.close()
+
+
+def _samples(text: str) -> dict[tuple, float]:
+    """(sample name, sorted labels) -> value, from Prometheus' text format."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+def test_metrics_count_requests_renders_tokens_prefix_share_and_unmanaged(engine, upstream, proxy, monkeypatch):
+    from contextrender.metrics import metrics_problem
+
+    messages = conversation()
+    with proxy() as server:
+        for turn in range(2):  # the second request repeats the first's rendered history as a prefix
+            upstream.enqueue(content=f"answer {turn}")
+            sent = messages + ([assistant("answer 0"), user("and then?")] if turn else [])
+            assert httpx.post(f"{server.url}/v1/chat/completions", json={"model": "m", "messages": sent},
+                              headers={SESSION_HEADER: "metered"}).status_code == 200
+        httpx.post(f"{server.url}/v1/chat/completions", content=b"not json")
+        httpx.post(f"{server.url}/v1/chat/completions", json={"model": "m", "messages": messages}, headers={"origin": "https://evil.example"})
+        httpx.get(f"{server.url}/v1/models")
+        scrape = httpx.get(f"{server.url}/metrics")
+    assert scrape.status_code == 200 and scrape.headers["content-type"].startswith("text/plain")
+    samples = _samples(scrape.text)
+    chat = (("endpoint", "/v1/chat/completions"), ("protocol", "chat"))
+    assert samples[("contextrender_requests_total", chat + (("status", "200"),))] == 2
+    assert samples[("contextrender_requests_total", chat + (("status", "400"),))] == 1
+    assert samples[("contextrender_requests_total", chat + (("status", "403"),))] == 1
+    assert samples[("contextrender_requests_total", (("endpoint", "passthrough"), ("protocol", ""), ("status", "200")))] == 1
+    assert samples[("contextrender_proxy_render_seconds_count", (("protocol", "chat"),))] == 2
+    assert samples[("contextrender_proxy_time_in_proxy_seconds_count", (("protocol", "chat"),))] == 2
+    before = samples[("contextrender_proxy_history_tokens_before_total", (("protocol", "chat"),))]
+    after = samples[("contextrender_proxy_history_tokens_after_total", (("protocol", "chat"),))]
+    assert after <= 2 * BUDGET < before  # the history was rendered down
+    assert samples[("contextrender_proxy_cached_prefix_share_count", (("protocol", "chat"),))] == 1
+    assert samples[("contextrender_proxy_cached_prefix_share_sum", (("protocol", "chat"),))] > 0.5
+    # Loopback clients only, unless configured.
+    assert "loopback clients only" in metrics_problem("192.0.2.7") and metrics_problem("127.0.0.1") == ""
+    monkeypatch.setenv("CONTEXTRENDER_METRICS_CLIENTS", "any")
+    assert metrics_problem("192.0.2.7") == ""
+
+
+def test_metrics_count_unmanaged_requests_by_reason(engine, upstream, monkeypatch):
+    def broken(*args, **kwargs):
+        raise RuntimeError("the store is gone")
+
+    monkeypatch.setattr(engine, "render", broken)
+    with LoopbackServer(create_app(engine, upstream.base_url, BUDGET)) as server:
+        response = httpx.post(f"{server.url}/v1/chat/completions", json={"model": "m", "messages": conversation(2)})
+        assert response.status_code == 200
+        samples = _samples(httpx.get(f"{server.url}/metrics").text)
+    assert samples[("contextrender_proxy_unmanaged_total", (("protocol", "chat"), ("reason", "RuntimeError")))] == 1

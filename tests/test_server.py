@@ -290,3 +290,22 @@ def test_explain_and_last_render_survive_a_server_restart(tmp_path):
         assert shown() == before
     finally:
         server.stop()
+
+
+def test_metrics_count_requests_by_endpoint_and_status(jac_server, alice):
+    from prometheus_client.parser import text_string_to_metric_families
+
+    def count(text: str, endpoint: str, status: str) -> float:
+        return sum(s.value for f in text_string_to_metric_families(text) for s in f.samples
+                   if s.name == "contextrender_requests_total" and s.labels["endpoint"] == endpoint and s.labels["status"] == status)
+
+    first = httpx.get(f"{jac_server.url}/metrics")
+    assert first.status_code == 200 and "contextrender_request_seconds_bucket" in first.text
+    alice.list_sessions()
+    alice.render("metered", [user("count me")], budget=300)
+    httpx.post(f"{jac_server.url}/walker/list_sessions", json={})  # no token: 401
+    after = httpx.get(f"{jac_server.url}/metrics").text
+    assert count(after, "list_sessions", "200") == count(first.text, "list_sessions", "200") + 1
+    assert count(after, "render_context", "200") >= count(first.text, "render_context", "200") + 1
+    assert count(after, "list_sessions", "401") == count(first.text, "list_sessions", "401") + 1
+    assert "count me" not in after

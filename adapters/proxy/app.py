@@ -9,6 +9,7 @@ import gc
 import json
 import logging
 import os
+import time
 from collections.abc import AsyncIterator, Iterable
 from typing import Any
 
@@ -19,6 +20,7 @@ from starlette.concurrency import run_in_threadpool
 
 from contextrender.core import RESTORE_TOOL, InvalidRequest
 from contextrender.inspector import routes as inspector
+from contextrender.metrics import CountRequests, ProxyMetrics, metrics_response
 from contextrender.proxy.admission import Admission, allowed_origins_setting
 from contextrender.proxy.defaults import DEFAULT_RESTORE_ROUNDS, DEFAULT_SELECTOR, DEFAULT_UPSTREAM_TIMEOUT
 from contextrender.proxy.interfaces import Backend, Format, field
@@ -114,6 +116,8 @@ class _Proxy:
         self.fail_closed = fail_closed
         self.sessions = Sessions(backend)
         self.restores = Restores(self.upstream, self.sessions, backend, restore_rounds)
+        self.metrics = ProxyMetrics({p.path: p.name for p in PROTOCOLS})
+        self.restores.metrics = self.metrics
 
     def controls(self, request: Request) -> tuple[int, str]:
         """The budget and selector of this request: the proxy's, or its `X-ContextRender-Budget`
@@ -137,6 +141,7 @@ class _Proxy:
 
     async def managed(self, request: Request, protocol: Protocol) -> Response:
         """A conversation request in `protocol`, rendered and forwarded."""
+        started = time.perf_counter()
         fmt = protocol.format
         try:
             budget, selector = self.controls(request)
@@ -162,7 +167,7 @@ class _Proxy:
         messages = exchange.messages if exchange is not None else []
         (session_id, name) = session_of(request, messages)
         if failure is not None:
-            return await self.engine_failed(request, raw, session_id, failure, fmt)
+            return await self.engine_failed(request, raw, session_id, failure, fmt, protocol)
         state = self.sessions.session(session_id)
         state.name = name
         rounds = protocol.rounds
@@ -181,6 +186,7 @@ class _Proxy:
                 log.warning("session %s: forwarded without rendering: %s", _shown(session_id, name), exchange.unmanaged)
             # The reason can quote a client's item type: ASCII only in a header.
             reason = exchange.unmanaged.encode("ascii", "replace").decode()
+            self.metrics.unmanaged.labels(protocol.name, "not_renderable").inc()
             return await self.upstream.forward(request, raw, fmt, headers=[
                 (STATUS_HEADER, "unmanaged; reason=not_renderable"), (UNMANAGED_HEADER, reason),
             ])
@@ -191,9 +197,12 @@ class _Proxy:
             try:
                 await run_in_threadpool(self.sessions.check_encoding, session_id, state, encoding)
                 prepared = self.sessions.reconcile(session_id, messages)
+                rendering = time.perf_counter()
                 result = await run_in_threadpool(
                     lambda: self.backend.render(session_id, prepared, budget=budget, selector=selector)
                 )
+                self.metrics.rendered(protocol.name, field(result, "full_history_tokens"), field(result, "history_tokens"),
+                                      time.perf_counter() - rendering)
                 offered = bool(self.restore_rounds) and rounds.offers(body, field(result, "omitted"), field(result, "compacted"))
                 rendered = list(result.messages) if offered else without_restore_tool(list(result.messages))
                 (out_body, state.previous) = exchange.build(rendered, prepared, state.previous)
@@ -201,20 +210,24 @@ class _Proxy:
             except Exception as exc:  # noqa: BLE001 - fail-open covers every engine failure
                 failure = exc
         if failure is not None:
-            return await self.engine_failed(request, raw, session_id, failure, fmt)
+            return await self.engine_failed(request, raw, session_id, failure, fmt, protocol)
         state.unmanaged = False
+        self.metrics.prefix(protocol.name, state.rendered, rendered)
+        state.rendered = rendered
         try:
             out = json.dumps(out_body, ensure_ascii=False).encode()
         except RecursionError:
             return error(fmt, 400, _TOO_DEEP, "invalid_request_error")
         on_answer = self.sessions.answered(session_id, turn, len(messages), estimate, chain_events(prepared))
         headers = [(STATUS_HEADER, "managed")] + _summary_headers(session_id, name, result)
+        self.metrics.in_proxy_seconds.labels(protocol.name).observe(time.perf_counter() - started)
         if offered:
             taken = RequestRounds(estimate, state.encoding or encoding)
             return await self.restores.forward(request, out_body, session_id, on_answer, headers, taken, rounds)
         return await self.upstream.forward(request, out, fmt, on_answer=on_answer, headers=headers)
 
-    async def engine_failed(self, request: Request, raw: bytes, session_id: str, exc: Exception, fmt: Format) -> Response:
+    async def engine_failed(self, request: Request, raw: bytes, session_id: str, exc: Exception, fmt: Format,
+                            protocol: Protocol) -> Response:
         status = getattr(exc, "status", 500)
         if self.fail_closed:
             # The request's own faults go back as such; anything else (the server down, an
@@ -225,6 +238,7 @@ class _Proxy:
         # Fail-open: the agent gets its answer, and the headers say the history went unmanaged;
         # the log says why once, not at every call of a session that keeps failing.
         state = self.sessions.session(session_id)
+        self.metrics.unmanaged.labels(protocol.name, type(exc).__name__).inc()
         if not state.unmanaged:
             state.unmanaged = True
             log.warning("session %s: render failed, forwarding requests unmanaged until it works again: %s: %s",
@@ -291,6 +305,13 @@ def create_app(
     app.state.proxy = proxy
     app.add_middleware(Admission, fmt_of=format_of_request, max_body=max_body,
                        allowed_origins=allowed_origins_setting() if allowed_origins is None else list(allowed_origins))
+    # Outside the admission: its refusals are counted too.
+    app.add_middleware(CountRequests, metrics=proxy.metrics)
+
+    async def metrics(request: Request) -> Response:
+        return metrics_response(proxy.metrics, request.client.host if request.client else None)
+
+    app.add_api_route("/metrics", metrics, methods=["GET"], include_in_schema=False)
     for protocol in PROTOCOLS:
         app.add_api_route(protocol.path, _route(proxy, protocol), methods=["POST"], name=protocol.name)
     if inspect:  # the session inspector (docs/inspector.md), before the passthrough route below

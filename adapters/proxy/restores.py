@@ -79,6 +79,7 @@ class Restores:
         self.sessions = sessions
         self.backend = backend
         self.limit = limit
+        self.metrics: Any = None  # the proxy's ProxyMetrics (restores counted by outcome)
 
     async def forward(
         self, request: Request, body: dict, session_id: str, on_answer: OnAnswer,
@@ -95,6 +96,10 @@ class Restores:
             request, lambda gone: whole(url, sent, body, session_id, on_answer, list(headers), rounds, protocol, gone),
             f"client left during a restore round of session {session_id}",
         )
+
+    def count(self, outcome: str) -> None:
+        if self.metrics is not None:
+            self.metrics.restores.labels(outcome).inc()
 
     @staticmethod
     def _request(url: str, sent: list, body: dict, offered: bool, rounds: RequestRounds, protocol: RestoreProtocol) -> httpx.Request:
@@ -116,12 +121,15 @@ class Restores:
                     if kind == "query":
                         found = await run_in_threadpool(self.backend.search_results, session_id, handle)
                         contents.append((field(found, "text"), False))
+                        self.count("searched")
                         continue
                     restored = await run_in_threadpool(self.backend.restore, session_id, handle)
                     contents.append((field(restored, "message").get("content"), False))
+                    self.count("restored")
                 except Exception as exc:  # noqa: BLE001 - the model gets the error as the tool's answer
                     log.info("session %s: restore of %r refused: %s", session_id, handle, exc)
                     contents.append((tool_error(handle, str(exc)), True))
+                    self.count("refused")
         rounds.messages.extend(protocol.round_turns(calls, contents))
         rounds.count += 1
 

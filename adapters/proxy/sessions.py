@@ -109,6 +109,8 @@ class SessionState:
         self.unmanaged = False
         # Whether this process has given the session its name (`Sessions.check_name`).
         self.named = False
+        # The history last forwarded (rendered), for the cached-prefix share (contextrender/metrics.py).
+        self.rendered: list | None = None
 
 
 def _answer_bytes(message: dict) -> int:

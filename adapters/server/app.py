@@ -34,9 +34,11 @@ import secrets
 from typing import Any
 
 import jac_scale.plugin  # noqa: F401  (registers jac-scale's server class hook before ours)
+from starlette.requests import Request
 
 from contextrender import store
 from contextrender.limits import use_guarded_http
+from contextrender.metrics import CountRequests, ServerMetrics, metrics_response
 from contextrender.server import access_table
 from contextrender.server import distributed
 from contextrender.server.accounts import LoginThrottle, logout_route
@@ -86,6 +88,9 @@ def server_class() -> type:
             ))
             # Failed logins throttled (429 with Retry-After; adapters/server/accounts.py).
             self.server.app.user_middleware.append(Middleware(LoginThrottle))
+            # Requests counted by endpoint and status, outermost: refusals too (contextrender/metrics.py).
+            self.metrics = ServerMetrics(self.get_walkers)
+            self.server.app.user_middleware.insert(0, Middleware(CountRequests, metrics=self.metrics))
             # Several processes on one store (adapters/server/distributed.py, docs/scale-out.md); nothing without Redis.
             distributed.install(self.server.app, root_writers | {"delete_session"})
             host = os.environ.get("CONTEXTRENDER_HOST") or config.get_server_config().get("host") or "0.0.0.0"
@@ -152,8 +157,15 @@ def server_class() -> type:
 
             for path, handler in inspector.server_routes():
                 self.server.app.add_api_route(path, handler, methods=["GET"], include_in_schema=False)
+            # GET /metrics (Prometheus; loopback clients unless configured): jac-scale's own, admin-only
+            # one takes the path when its monitoring is on.
+            if not get_scale_config().get_monitoring_config().get("enabled"):
+                self.server.app.add_api_route("/metrics", self.metrics_route, methods=["GET"], include_in_schema=False)
             # Logout revokes the token (jac-scale has none; adapters/server/accounts.py).
             self.server.app.add_api_route("/user/logout", logout_route(self.user_manager), methods=["POST"], tags=["User APIs"])
+
+        async def metrics_route(self, request: Request) -> Any:
+            return metrics_response(self.metrics, request.client.host if request.client else None)
 
         def request_fields(self, walker: str, caller: str | None) -> set[str] | None:
             """The fields a request to `walker` may name (its `has` fields); None for no such walker,
