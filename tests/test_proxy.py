@@ -569,7 +569,7 @@ def test_a_retried_turn_does_not_fork_and_its_answer_follows_its_own_request(eng
         assert rendered.messages[-1]["content"] == "Another first answer."
 
 
-# ---------------------------------------------------------------- issue 33: bounded requests, no cross-site use
+# ---------------------------------------------------------------- bounded requests, no cross-site use
 
 
 def _raw_exchange(port: int, request: bytes, timeout: float = 30) -> bytes:

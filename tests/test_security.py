@@ -631,7 +631,7 @@ def test_proxy_refuses_bad_input_in_openai_shape_and_never_silently_unmanages(en
         assert good.status_code == 200 and good.headers[STATUS_HEADER] == "managed"
         post(bad)  # broken again after working: warned again
         assert len([r for r in caplog.records if "broken" in r.getMessage()]) == 2
-        # Without what the protocol needs: refused, not forwarded (issue 33).
+        # Without what the protocol needs: refused, not forwarded.
         not_chat = httpx.post(f"{proxy.url}/v1/chat/completions", json={"model": "m"})
         assert not_chat.status_code == 400 and "`messages`" in not_chat.json()["error"]["message"]
         assert len(upstream.requests) == before + 5
@@ -639,7 +639,7 @@ def test_proxy_refuses_bad_input_in_openai_shape_and_never_silently_unmanages(en
     assert [m["content"] for m in engine.get_session("broken", include_messages=True)["messages"]][:3] == ["fine", "ok", "now readable"]
 
 
-# ---------------------------------------------------------------- issue 33: tokens that end, no cross-site use, accounts
+# ---------------------------------------------------------------- tokens that end, no cross-site use, accounts
 
 
 def _login(server: JacServer, name: str, password: str = SECRET_PASSWORD) -> httpx.Response:
@@ -761,7 +761,7 @@ def test_cors_origins_allow_only_the_named_origins_without_credentials(monkeypat
         settle_cors([])
 
 
-# ---------------------------------------------------------------- issue 33: slow or stuck clients are bounded
+# ---------------------------------------------------------------- slow or stuck clients are bounded
 
 
 def slowloris(port: int, count: int, seconds: float, trickle: bool = True) -> list[tuple[bytes, float]]:
