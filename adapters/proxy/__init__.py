@@ -41,6 +41,7 @@ leaves, the upstream call is cancelled.
 
 The package, one job per module:
 - `app`: the routes (`create_app`) and one conversation request's way through the proxy;
+- `admission`: what a request must be before it is read (its Origin, its body's size and read time);
 - `upstream`: forwarding, the headers forwarded and relayed, the upstream's errors (504/502);
 - `relay`: the streaming relay;
 - `restores`: restore rounds, their I/O for every protocol (its `Rounds` reads the answers);
