@@ -110,4 +110,7 @@ def _add_access_tables(package: Path, compiled: list[Path]) -> int:
     return added
 
 
-setup(cmdclass={"build_py": BuildWithJac})
+# The wheel holds bytecode for this Python only (the precompiled bundle): tagged cp3XX, not py3.
+PYTHON_TAG = f"cp{sys.version_info.major}{sys.version_info.minor}"
+setup(cmdclass={"build_py": BuildWithJac},
+      options={} if os.environ.get("CONTEXTRENDER_NO_PRECOMPILE") else {"bdist_wheel": {"python_tag": PYTHON_TAG}})

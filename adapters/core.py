@@ -14,7 +14,7 @@ import importlib
 from typing import Any
 
 from contextrender.endpoints import ENDPOINTS
-from contextrender.jaclang_setup import import_jaclang
+from contextrender.jaclang_setup import compile_notice, import_jaclang
 
 import_jaclang()
 
@@ -60,7 +60,8 @@ def __getattr__(name: str) -> Any:
     module = _MODULE_OF.get(name)
     if module is None:
         raise AttributeError(f"module 'contextrender.core' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
+    with compile_notice():  # the first use in a checkout compiles the Jac modules: said, with progress
+        value = getattr(importlib.import_module(module), name)
     globals()[name] = value  # later look-ups are plain attribute reads
     return value
 

@@ -17,12 +17,16 @@ this one starts (`jac start`, `contextrender serve`) load their plugins as usual
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
+import threading
+import time
 import tomllib
+from collections.abc import Iterator
 from pathlib import Path
 
-__all__ = ["JAC_ROOT", "NOT_SERVING", "import_jaclang", "user_disabled"]
+__all__ = ["JAC_ROOT", "NOT_SERVING", "compile_notice", "import_jaclang", "jac_modules", "user_disabled"]
 
 # The Jac modules (contextrender.jac, graph/, engine/, walkers/): in an installed wheel under jac/ in
 # this package (setup.py), in a checkout (or an editable install) at the top of the checkout.
@@ -80,3 +84,75 @@ def _import() -> None:
             del os.environ["JAC_DISABLED_PLUGINS"]
         else:
             os.environ["JAC_DISABLED_PLUGINS"] = saved
+
+
+# Seconds a first compile runs before it says so, then between its progress lines.
+NOTICE_AFTER = 3.0
+NOTICE_EVERY = 10.0
+
+
+def jac_modules() -> list[Path]:
+    """The Jac modules of graph/, engine/ and walkers/ (not their impl files): what a first use
+    in a checkout compiles."""
+    return sorted(p for d in ("graph", "engine", "walkers") for p in (JAC_ROOT / d).rglob("*.jac")
+                  if ".jac" not in p.relative_to(JAC_ROOT).parts[:-1] and ".impl." not in p.name)
+
+
+def _uncompiled() -> list[Path]:
+    """The modules jaclang has no module cache file for where this process would look (empty
+    for a wheel install: it loads the precompiled bundle)."""
+    if JAC_ROOT == _INSTALLED:
+        return []
+    from jaclang.jac0core.jir import get_module_cache_path
+
+    return [m for m in jac_modules() if not get_module_cache_path(str(m)).exists()]
+
+
+@contextlib.contextmanager
+def compile_notice(stream: object = None) -> Iterator[None]:
+    """Around an import of the Jac modules: when some are not compiled yet (the first use in a
+    checkout) and the import takes more than NOTICE_AFTER seconds, say on stderr that they
+    compile once and show progress (modules compiled, seconds) until the import is done."""
+    if getattr(_notice, "active", False):  # an import inside one already watched
+        yield
+        return
+    try:
+        pending = _uncompiled()
+    except Exception:  # noqa: BLE001 - jaclang's cache layout changed: no notice, nothing else
+        pending = []
+    if not pending:
+        yield
+        return
+    out = stream or sys.stderr
+    done = threading.Event()
+    started = time.monotonic()
+    said: list[bool] = []
+
+    def watch() -> None:
+        from jaclang.jac0core.jir import get_module_cache_path
+
+        wait = NOTICE_AFTER
+        while not done.wait(wait):
+            left = sum(1 for m in pending if not get_module_cache_path(str(m)).exists())
+            if not said:
+                print(f"contextrender: compiling the Jac modules of this checkout, once ({len(pending)} modules; "
+                      "a minute or more; later starts load them from jaclang's cache)", file=out, flush=True)
+                said.append(True)
+            print(f"contextrender: compiled {len(pending) - left} of {len(pending)} modules, "
+                  f"{time.monotonic() - started:.0f} s", file=out, flush=True)
+            wait = NOTICE_EVERY
+
+    watcher = threading.Thread(target=watch, name="contextrender-compile-notice", daemon=True)
+    _notice.active = True
+    watcher.start()
+    try:
+        yield
+    finally:
+        _notice.active = False
+        done.set()
+        watcher.join()
+        if said:
+            print(f"contextrender: the Jac modules are compiled ({time.monotonic() - started:.0f} s)", file=out, flush=True)
+
+
+_notice = threading.local()

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from contextrender.jaclang_setup import import_jaclang
+from contextrender.jaclang_setup import compile_notice, import_jaclang
 
 import_jaclang()  # before any jaclang import of this module: without the server's plugins
 
@@ -28,7 +28,9 @@ MAX_ATTEMPTS = 5
 
 # The endpoint walkers, loaded with this module: the Jac modules take seconds to load, which
 # belongs to start-up (the proxy's, a replay's), not to the first call.
-WALKERS = {name: getattr(core, name) for name in ENDPOINTS}
+# The first load in a checkout compiles them, once, and says so (compile_notice).
+with compile_notice():
+    WALKERS = {name: getattr(core, name) for name in ENDPOINTS}
 # The store every execution context opens: jaclang's SQLite store with a busy timeout and short
 # commits (adapters/store.py).
 store.install()

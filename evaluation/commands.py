@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 from contextrender_eval.evaluate import Prices
-from contextrender_eval.replay import Replayer, load_traces, registered_selectors, summarise, text_table
 
 DEFAULT_TRACES = Path(__file__).resolve().parent.parent.parent / "shared" / "traces"
 TAU_BUDGETS = (1000, 2000, 3000)
@@ -99,6 +98,7 @@ def _plan(args: argparse.Namespace) -> tuple[list[str], dict[str, Any]] | None:
     checked by the engine's own rules (unknown names, bad values, a summary selector without a
     model); None after printing what to fix."""
     from contextrender.core import InvalidRequest, check_budget, render_settings
+    from contextrender_eval.replay import registered_selectors
 
     selectors = args.selectors or list(registered_selectors())
     if "full" not in selectors:
@@ -119,7 +119,13 @@ def _plan(args: argparse.Namespace) -> tuple[list[str], dict[str, Any]] | None:
     return selectors, settings
 
 
+def _traces(count: int) -> str:
+    return f"{count} trace" if count == 1 else f"{count} traces"
+
+
 def run_replay(args: argparse.Namespace) -> int:
+    from contextrender_eval.replay import Replayer, load_traces, summarise, text_table
+
     plan = _plan(args)
     if plan is None:
         return 2
@@ -134,13 +140,14 @@ def run_replay(args: argparse.Namespace) -> int:
                    "prices": vars(_prices(args)), "rows": rows}, sys.stdout, indent=1, default=float)
         print()
     else:
-        print(f"{len(traces)} traces from {', '.join(args.traces)}; summariser={args.summariser}, omitted={args.omitted}")
+        print(f"{_traces(len(traces))} from {', '.join(args.traces)}; summariser={args.summariser}, omitted={args.omitted}")
         print(text_table(rows))
     return 0
 
 
 def run_sweep(args: argparse.Namespace) -> int:
     from contextrender_eval import sweep_report  # matplotlib: only for a sweep
+    from contextrender_eval.replay import Replayer, load_traces
 
     plan = _plan(args)
     if plan is None:
@@ -163,7 +170,7 @@ def run_sweep(args: argparse.Namespace) -> int:
                 print(f"{path.name}: reusing {raw}", file=sys.stderr)
                 continue
         traces = load_traces([path], args.limit)
-        print(f"{path.name}: {len(traces)} traces, budgets {budgets}, {len(selectors)} selectors", file=sys.stderr)
+        print(f"{path.name}: {_traces(len(traces))}, budgets {budgets}, {len(selectors)} selectors", file=sys.stderr)
         stats = Replayer([(s, b) for b in budgets for s in selectors], settings=settings,
                          progress=not args.no_progress, oracle=args.oracle_restore).run(traces)
         saved = meta | {"traces": len(traces), "stats": [v.to_dict() for v in stats.values()]}

@@ -8,7 +8,20 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from contextrender.core import content_text, recall_tokens
+
+
+# The engine's text helpers, imported at first use: the command line builds its parser with this
+# module's Prices, and `contextrender --help` does not wait for jaclang to load.
+def content_text(content: Any) -> str:
+    from contextrender.core import content_text as text
+
+    return text(content)
+
+
+def recall_tokens(text: str) -> Any:
+    from contextrender.core import recall_tokens as tokens
+
+    return tokens(text)
 
 # Result-age bins of the paper's Table 2 (turns between a result's creation and its reuse).
 AGE_BINS: tuple[tuple[str, int, int], ...] = (

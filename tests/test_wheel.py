@@ -57,6 +57,8 @@ def venv(dist, tmp_path_factory) -> Path:
 
 def test_the_wheel_carries_the_jac_engine_and_its_compiled_form(dist):
     wheel = next(dist.glob("contextrender-*.whl"))
+    # It ships bytecode for one Python (the precompiled bundle), and says so in its tag.
+    assert wheel.name.endswith(f"-cp{sys.version_info.major}{sys.version_info.minor}-none-any.whl"), wheel.name
     names = set(zipfile.ZipFile(wheel).namelist())
     for source in JAC_SOURCES:
         assert f"contextrender/jac/{source}" in names, source

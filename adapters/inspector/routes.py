@@ -149,4 +149,15 @@ def server_routes() -> list[tuple[str, Any]]:
     async def files(name: str) -> Any:
         return asset(name)
 
-    return [(PREFIX, bare), (f"{PREFIX}/", index), (PREFIX + "/{name}", files)]
+    return [("/", front_door), (PREFIX, bare), (f"{PREFIX}/", index), (PREFIX + "/{name}", files)]
+
+
+async def front_door() -> JSONResponse:
+    """The server's `/`: where to go from here (the inspector, the accounts, the endpoints)."""
+    return JSONResponse({"ok": True, "data": {
+        "service": "ContextRender server",
+        "inspector": f"{PREFIX}/",
+        "accounts": "POST /user/register once, POST /user/login for a token, then Authorization: Bearer <token>",
+        "endpoints": "POST /walker/<name> (health needs no login)",
+        "docs": "docs/server-and-security.md in the ContextRender repository",
+    }})

@@ -29,7 +29,7 @@ from contextrender.proxy.restores import RequestRounds, Restores
 from contextrender.proxy.sessions import Sessions, chain_events, derive_session, model_encoding, named_session
 from contextrender.proxy.upstream import Upstream, error
 
-__all__ = ["BUDGET_HEADER", "DEFAULT_SELECTOR", "SELECTOR_HEADER", "SESSION_HEADER", "SESSION_NAME_HEADER", "STATUS_HEADER",
+__all__ = ["BUDGET_HEADER", "DEFAULT_SELECTOR", "READY_PATH", "SELECTOR_HEADER", "SESSION_HEADER", "SESSION_NAME_HEADER", "STATUS_HEADER",
            "UNMANAGED_HEADER", "create_app", "session_of"]
 
 log = logging.getLogger("contextrender.proxy")
@@ -46,6 +46,8 @@ SESSION_NAME_HEADER = "x-contextrender-session-name"
 # Engine errors that are the request's fault (malformed messages, a rewrite refused, too large).
 _REQUEST_FAULTS = {400, 409, 413, 422}
 _TOO_DEEP = "ContextRender proxy: the JSON body is nested too deeply"
+# The proxy's own readiness endpoint (never forwarded).
+READY_PATH = "/contextrender/ready"
 
 
 def _header(request: Request, name: str) -> str:
@@ -218,6 +220,9 @@ class _Proxy:
             out = json.dumps(out_body, ensure_ascii=False).encode()
         except RecursionError:
             return error(fmt, 400, _TOO_DEEP, "invalid_request_error")
+        # The one line a request gets at --log-level info.
+        log.info("session %s %s: history %d -> %d tokens, %s, %.0f ms", _shown(session_id, name), protocol.name,
+                 result.full_history_tokens, result.history_tokens, result.mode or "rendered", (time.perf_counter() - started) * 1000)
         on_answer = self.sessions.answered(session_id, turn, len(messages), estimate, chain_events(prepared))
         headers = [(STATUS_HEADER, "managed")] + _summary_headers(session_id, name, result)
         self.metrics.in_proxy_seconds.labels(protocol.name).observe(time.perf_counter() - started)
@@ -312,6 +317,12 @@ def create_app(
         return metrics_response(proxy.metrics, request.client.host if request.client else None)
 
     app.add_api_route("/metrics", metrics, methods=["GET"], include_in_schema=False)
+
+    async def ready() -> JSONResponse:
+        """The proxy's readiness (served once it listens), whether or not the upstream answers."""
+        return JSONResponse({"ready": True})
+
+    app.add_api_route(READY_PATH, ready, methods=["GET"])  # before the inspector's /contextrender/ routes
     for protocol in PROTOCOLS:
         app.add_api_route(protocol.path, _route(proxy, protocol), methods=["POST"], name=protocol.name)
     if inspect:  # the session inspector (docs/inspector.md), before the passthrough route below

@@ -12,7 +12,7 @@ from typing import Any
 
 # Only the defaults at import: the command line is built before any command runs, and the web
 # stack (FastAPI, the format layers) loads in `run`.
-from contextrender.proxy.defaults import DEFAULT_RESTORE_ROUNDS, DEFAULT_SELECTOR, DEFAULT_UPSTREAM_TIMEOUT
+from contextrender.proxy.defaults import DEFAULT_PORT, DEFAULT_RESTORE_ROUNDS, DEFAULT_SELECTOR, DEFAULT_UPSTREAM_TIMEOUT
 
 __all__ = ["register", "run"]
 
@@ -45,7 +45,34 @@ def _refuse(message: str) -> int:
     return 2
 
 
+def _logging(level: str) -> None:
+    """The proxy's own lines (one per request at info) at `level`; other libraries' (httpx's line
+    per upstream call, jaclang's, uvicorn's) at warning, unless `level` is debug. jaclang turns on
+    INFO logging for every logger when it is imported: replaced here."""
+    logging.basicConfig(level=logging.DEBUG if level == "debug" else logging.WARNING, force=True,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("contextrender").setLevel(level.upper())
+
+
 def run(args: argparse.Namespace) -> int:
+    from contextrender.start_checks import Refused, check_store, check_url, claim_port
+
+    # What needs nothing but the standard library first: each refusal within a second.
+    try:
+        check_url(args.upstream, "--upstream", "https://api.openai.com/v1")
+        if args.server:
+            check_url(args.server, "--server", "http://127.0.0.1:8000")
+        if args.restore_rounds < 0:
+            raise Refused(f"--restore-rounds must be >= 0 (got {args.restore_rounds})")
+        if args.upstream_timeout is not None and not args.upstream_timeout > 0:
+            raise Refused(f"--upstream-timeout must be a positive number of seconds (got {args.upstream_timeout:g})")
+        if not args.server:
+            check_store(args.store)
+        # Bound now, listening once the proxy is ready: until then a connection is refused.
+        listener = claim_port(args.host, args.port)
+    except Refused as bad:
+        return _refuse(str(bad))
+
     import uvicorn
 
     from contextrender.core import InvalidRequest, check_budget, render_settings
@@ -53,18 +80,19 @@ def run(args: argparse.Namespace) -> int:
 
     # Checked before serving, by the engine's own rules: once serving, a bad budget or selector
     # would fail every request open (forwarded unmanaged).
-    try:
-        check_budget(args.budget)
-        render_settings({"selector": args.selector})
-    except InvalidRequest as bad:
-        return _refuse(f"{bad} (--budget / --selector)")
-    if args.restore_rounds < 0:
-        return _refuse(f"--restore-rounds must be >= 0 (got {args.restore_rounds})")
+    for (flag, check) in (("--budget", lambda: check_budget(args.budget)),
+                          ("--selector", lambda: render_settings({"selector": args.selector}))):
+        try:
+            check()
+        except InvalidRequest as bad:
+            listener.close()
+            return _refuse(f"{flag}: {bad}")
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    _logging(args.log_level)
     try:
         backend = _backend(args)
     except ValueError as bad:  # a malformed client setting ($CONTEXTRENDER_TIMEOUT)
+        listener.close()
         return _refuse(str(bad))
     from contextrender.limits import uvicorn_settings
 
@@ -74,13 +102,26 @@ def run(args: argparse.Namespace) -> int:
                          args.restore_rounds, inspect=not args.no_inspector, allowed_origins=args.allow_origin or None,
                          max_body=int(args.max_body_mb * 1024 * 1024) if args.max_body_mb else None)
     except ValueError as bad:
+        listener.close()
         return _refuse(str(bad))
     where = f"server {args.server}" if args.server else f"store {os.path.abspath(args.store)}"
-    log.info("proxy on http://%s:%d -> %s (budget %d, selector %s, restore rounds %d, %s)", args.host, args.port,
-             args.upstream, args.budget, args.selector, args.restore_rounds, where)
-    if not args.no_inspector:
-        log.info("session inspector: http://127.0.0.1:%d/contextrender/ (loopback only)", args.port)
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning", **served)
+    url = f"http://{args.host}:{args.port}"
+
+    def say(line: str) -> None:  # the start lines, at any --log-level
+        print(f"contextrender proxy: {line}", file=sys.stderr, flush=True)
+
+    class Server(uvicorn.Server):
+        async def startup(self, sockets: Any = None) -> None:
+            await super().startup(sockets)
+            if self.started:  # listening: what follows is true now
+                say(f"ready on {url}/v1 -> {args.upstream} (budget {args.budget}, selector {args.selector}, "
+                    f"restore rounds {args.restore_rounds}, {where})")
+                if not args.no_inspector:
+                    say(f"session inspector: http://127.0.0.1:{args.port}/contextrender/ (loopback only)")
+                say(f"readiness: {url}/contextrender/ready; stop with Ctrl-C")
+
+    say(f"starting on {url} (loading the engine first)")
+    Server(uvicorn.Config(app, log_level="debug" if args.log_level == "debug" else "warning", **served)).run(sockets=[listener])
     return 0
 
 
@@ -94,8 +135,10 @@ def register(subparsers: Any) -> None:
     )
     parser.add_argument("--upstream", required=True, help="upstream base URL, as an OpenAI client takes it (e.g. https://api.openai.com/v1)")
     parser.add_argument("--budget", type=int, required=True, help="history budget B in tokens (system prompt and current user message are outside B)")
-    parser.add_argument("--port", type=int, required=True)
-    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=int(os.environ.get("CONTEXTRENDER_PROXY_PORT", DEFAULT_PORT)),
+                        help=f"port to listen on (default $CONTEXTRENDER_PROXY_PORT or {DEFAULT_PORT})")
+    parser.add_argument("--host", default="127.0.0.1",
+                        help="interface to listen on (default 127.0.0.1, this machine only; the inspector answers loopback clients only)")
     parser.add_argument("--selector", default=DEFAULT_SELECTOR, help="renderer selector (default: contextrender; also full, cr-recency, ...)")
     parser.add_argument("--server", default="", help="URL of a running `jac start` ContextRender server (default: the engine in-process)")
     parser.add_argument("--token", default=os.environ.get("CONTEXTRENDER_TOKEN", ""), help="with --server: bearer token (default $CONTEXTRENDER_TOKEN)")
@@ -113,4 +156,7 @@ def register(subparsers: Any) -> None:
                              "(repeatable; default $CONTEXTRENDER_ALLOWED_ORIGINS; any other Origin gets 403)")
     parser.add_argument("--max-body-mb", type=float, default=None,
                         help="the largest request body, in MB (default $CONTEXTRENDER_MAX_BODY_MB or 32; larger gets 413)")
+    parser.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="info",
+                        help="info (default): one line per request (session, protocol, history tokens before and after, "
+                             "mode, ms); warning: problems only; debug: also other libraries' lines")
     parser.set_defaults(func=run)

@@ -3,7 +3,7 @@ them without importing the web stack (FastAPI, the format layers: about a second
 
 from __future__ import annotations
 
-__all__ = ["DEFAULT_RESTORE_ROUNDS", "DEFAULT_SELECTOR", "DEFAULT_UPSTREAM_TIMEOUT"]
+__all__ = ["DEFAULT_PORT", "DEFAULT_RESTORE_ROUNDS", "DEFAULT_SELECTOR", "DEFAULT_UPSTREAM_TIMEOUT"]
 
 # The renderer a request gets without `X-ContextRender-Selector`.
 DEFAULT_SELECTOR = "contextrender"
@@ -11,3 +11,5 @@ DEFAULT_SELECTOR = "contextrender"
 DEFAULT_RESTORE_ROUNDS = 3
 # Seconds the upstream may stay silent (before its headers, or between two chunks) before a 504.
 DEFAULT_UPSTREAM_TIMEOUT = 600.0
+# The port `contextrender proxy` listens on without --port ($CONTEXTRENDER_PROXY_PORT).
+DEFAULT_PORT = 8800

@@ -13,13 +13,19 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import os
+import re
 import secrets
 import shutil
+import signal
+import subprocess
 import sys
+import threading
+import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
-__all__ = ["register", "run", "prepare"]
+__all__ = ["banner", "register", "run", "prepare"]
 
 ENTRY = "contextrender.jac"
 PROJECT_FILES = (ENTRY, "jac.toml")
@@ -53,21 +59,112 @@ def prepare(store: Path) -> dict[str, str]:
     return env
 
 
+# jac start's own start lines that are not true or not useful here: its banner (ours replaces it,
+# printed once the port answers), the admin and scheduler features ContextRender leaves off, the
+# routes it registers and then does not serve (adapters/server/app.py). --verbose shows them.
+_NOT_SHOWN = re.compile(
+    r"Admin portal is disabled|endpoints? registered: /admin|JAC DEV SERVER|➜|Server ready|"
+    r"Webhook API keys are stored in memory|No emailer provider|scheduler subsystem|Scheduler subsystem|"
+    r"APScheduler not installed|No static scheduled tasks", re.IGNORECASE)
+_MOVED = re.compile(r"Port (\d+) is in use, using port (\d+) instead")
+PROGRESS_EVERY = 10.0  # seconds between the start's progress lines
+
+
+def _say(line: str) -> None:
+    print(f"contextrender serve: {line}", file=sys.stderr, flush=True)
+
+
+def banner(url: str, store: Path) -> list[str]:
+    """What the start prints once the port answers: where, how to log in, the inspector, how to stop."""
+    register = '{"identities": [{"type": "username", "value": "alice"}], "credential": {"type": "password", "password": "a-long-password"}}'
+    login = '{"identity": {"type": "username", "value": "alice"}, "credential": {"type": "password", "password": "a-long-password"}}'
+    return [
+        f"ready on {url}/ (store {store}, SQLite under .jac/data)",
+        f"  register once: curl -X POST {url}/user/register -H 'Content-Type: application/json' -d '{register}'",
+        f"  log in:        curl -X POST {url}/user/login -H 'Content-Type: application/json' -d '{login}'",
+        "                 (its data.token goes in Authorization: Bearer <token>; endpoints: docs/server-and-security.md)",
+        f"  inspector:     {url}/contextrender/",
+        "  stop:          Ctrl-C (or kill the process)",
+    ]
+
+
+def _answers(url: str) -> bool:
+    """Whether the server answers its health walker (open without a login)."""
+    request = urllib.request.Request(f"{url}/walker/health", data=b"{}", headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=5) as answer:
+            return answer.status == 200
+    except (OSError, ValueError):
+        return False
+
+
+def _relay(child: subprocess.Popen, verbose: bool, moved: list[str], tail: list[str]) -> None:
+    """Copies the child's output to ours (without the lines _NOT_SHOWN names, unless verbose),
+    noting a port it moved to and keeping the last lines for a failed start."""
+    for line in child.stdout:
+        tail.append(line)
+        del tail[:-40]
+        if (found := _MOVED.search(line)) is not None:
+            moved.append(found.group(1))
+            continue
+        if verbose or not (_NOT_SHOWN.search(line) or not line.strip()):
+            sys.stderr.write(line)
+            sys.stderr.flush()
+
+
 def run(args: argparse.Namespace) -> int:
+    from contextrender.start_checks import Refused, check_store, port_is_free
+    from contextrender.testing.loopback import stop_process
+
     if importlib.util.find_spec("jac_scale") is None:
         print('contextrender serve: error: the server needs jac-scale: pip install "contextrender[server]"', file=sys.stderr)
         return 2
-    if not 0 < args.port < 65536:
-        print(f"contextrender serve: error: --port must be in 1-65535 (got {args.port})", file=sys.stderr)
+    host = os.environ.get("CONTEXTRENDER_HOST") or "127.0.0.1"
+    try:
+        store = check_store(args.store)
+        port_is_free(host, args.port)
+    except Refused as bad:
+        print(f"contextrender serve: error: {bad}", file=sys.stderr)
         return 2
-    store = Path(args.store).resolve()
     env = prepare(store)
-    os.chdir(store)
     command = [sys.executable, "-m", "jaclang", "start", ENTRY, "--no_client", "-p", str(args.port)]
-    sys.stdout.flush()
-    os.dup2(os.open(os.devnull, os.O_RDONLY), 0)  # jac start reads nothing from a terminal
-    os.execve(sys.executable, command, env)
-    return 0  # not reached
+    # The URL that answers: a server on every interface answers on loopback too.
+    url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{args.port}"
+    _say(f"starting jac start on {url} (store {store}); the first start on a store folder compiles the Jac modules "
+         "once, a minute or more")
+    started = time.monotonic()
+    child = subprocess.Popen(command, cwd=store, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True, errors="replace", bufsize=1)
+    moved: list[str] = []
+    tail: list[str] = []
+    relay = threading.Thread(target=_relay, args=(child, args.verbose, moved, tail), daemon=True)
+    relay.start()
+    # A stop (SIGTERM, or Ctrl-C where only this process got it) goes to the server, which drains.
+    signal.signal(signal.SIGTERM, lambda *_: child.terminate())
+    try:
+        next_progress = started + PROGRESS_EVERY
+        while not _answers(url):
+            if moved:
+                stop_process(child)
+                _say(f"error: port {args.port} on {host} was taken while the server started: choose another with "
+                     "--port N (or $PORT), or stop what listens there")
+                return 2
+            if child.poll() is not None:
+                relay.join(timeout=5)
+                _say(f"error: jac start exited with status {child.returncode} before it answered; its last lines:")
+                sys.stderr.writelines(tail[-20:])
+                return child.returncode or 1
+            if time.monotonic() >= next_progress:
+                _say(f"starting: loading the Jac modules and the models, {time.monotonic() - started:.0f} s")
+                next_progress += PROGRESS_EVERY
+            time.sleep(0.5)
+        for line in banner(url, store):
+            _say(line)
+        return child.wait()
+    except KeyboardInterrupt:
+        _say("stopping")
+        stop_process(child)
+        return 0
 
 
 def register(subparsers: Any) -> None:
@@ -78,4 +175,6 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--port", type=int, default=int(os.environ.get("PORT", "8000")), help="port (default $PORT or 8000)")
     parser.add_argument("--store", default=os.environ.get("CONTEXTRENDER_STORE", ".contextrender"),
                         help="the store folder (default $CONTEXTRENDER_STORE or .contextrender)")
+    parser.add_argument("--verbose", action="store_true",
+                        help="show every start line of jac start (its banner, the admin and scheduler features left off)")
     parser.set_defaults(func=run)
