@@ -1,16 +1,21 @@
-"""`contextrender replay` and `contextrender sweep` (evaluation/commands.py) through the command
-line: settings refused with what to fix, the sweep's report, figures and raw results, and a replay
-of recorded traces (the tests' fixture) end to end."""
+"""The command line: `contextrender replay` and `contextrender sweep` (evaluation/commands.py)
+with settings refused with what to fix, the sweep's report, figures and raw results, and a replay
+of recorded traces (the tests' fixture) end to end; `contextrender --help`, and what `proxy` and
+`serve` refuse at start (adapters/start_checks.py) before they load anything slow."""
 
 from __future__ import annotations
 
 import json
+import socket
+import subprocess
+import sys
 
 import pytest
 
 import engine.summaries as compact
 from contextrender.cli import main
 from contextrender_eval.replay import load_traces
+from contextrender.testing.loopback import free_port
 from tests.conftest import TRACES
 from tests.test_replay import hand_trace, row
 
@@ -73,9 +78,13 @@ def test_replay_names_the_flag_for_an_offline_summariser(tmp_path, monkeypatch, 
 ])
 def test_the_proxy_refuses_a_bad_setting_at_start_with_the_engines_message(flags, said, capsys):
     # Before this check the proxy started and forwarded every request unmanaged.
-    code = main(["proxy", "--upstream", "http://127.0.0.1:9/v1", "--port", "1", *flags])
+    code = main(["proxy", "--upstream", "http://127.0.0.1:9/v1", "--port", str(free_port()), *flags])
     assert code == 2
-    assert said in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert said in err
+    # One line naming the flag (it said "... (--budget / --selector)" for either).
+    assert err.count("\n") == 1 and "(--budget / --selector)" not in err
+    assert err.startswith(f"contextrender proxy: error: {flags[-2]}: ")
 
 
 def test_replay_refuses_a_bad_budget(tmp_path, capsys):
@@ -87,7 +96,80 @@ def test_replay_refuses_a_bad_budget(tmp_path, capsys):
 
 def test_the_proxy_refuses_a_bad_client_timeout_at_start(monkeypatch, capsys):
     monkeypatch.setenv("CONTEXTRENDER_TIMEOUT", "-1")
-    code = main(["proxy", "--upstream", "http://127.0.0.1:9/v1", "--port", "1", "--budget", "6000",
+    code = main(["proxy", "--upstream", "http://127.0.0.1:9/v1", "--port", str(free_port()), "--budget", "6000",
                  "--server", "http://127.0.0.1:9", "--token", "t"])
     assert code == 2
     assert "CONTEXTRENDER_TIMEOUT must be a positive number of seconds (got '-1')" in capsys.readouterr().err
+
+
+def _command(argv: list[str], cwd) -> tuple[int, str, bool]:
+    """`contextrender ARGV` in a new process: its exit status, its stderr, and whether it had
+    imported jaclang (the slow part of any start) by the time it returned."""
+    program = ("import sys; from contextrender.cli import main; code = main(sys.argv[1:]); "
+               "print(code, 'jaclang' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", program, *argv], cwd=cwd, capture_output=True, text=True, timeout=120)
+    (code, loaded) = done.stdout.split()
+    return int(code), done.stderr, loaded == "True"
+
+
+def test_help_loads_no_engine(tmp_path):
+    # The replay's parser imported the evaluation harness, and with it jaclang: 15 s for a first --help.
+    program = "import sys; from contextrender.cli import build_parser; build_parser(); print('jaclang' in sys.modules)"
+    done = subprocess.run([sys.executable, "-c", program], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert done.stdout.strip() == "False", done.stderr
+
+
+def test_every_proxy_flag_has_help_and_the_port_a_default():
+    from contextrender.cli import build_parser
+    from contextrender.proxy.defaults import DEFAULT_PORT
+
+    proxy = build_parser()._subparsers._group_actions[0].choices["proxy"]
+    flags = [a for a in proxy._actions if a.option_strings and a.dest != "help"]
+    assert [a.dest for a in flags if not a.help] == []
+    args = proxy.parse_args(["--upstream", "http://127.0.0.1:9/v1", "--budget", "600"])
+    assert args.port == DEFAULT_PORT and args.log_level == "info"
+
+
+def _not_a_folder(tmp_path):
+    """A store path that cannot be made (its parent is a file): unwritable even for root."""
+    (tmp_path / "a-file").write_text("")
+    return str(tmp_path / "a-file" / "store")
+
+
+@pytest.mark.parametrize("command", ["proxy", "serve"])
+def test_a_taken_port_stops_the_command_with_one_line(command, tmp_path):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        flags = ["--upstream", "http://127.0.0.1:9/v1", "--budget", "600"] if command == "proxy" else []
+        (code, err, loaded) = _command([command, *flags, "--port", str(port), "--store", str(tmp_path / "s")], tmp_path)
+    # serve moved to the next free port (the docs' curls then reached another server); the proxy
+    # said it listened on the port, then failed with [Errno 98].
+    assert code == 2 and not loaded
+    assert err == f"contextrender {command}: error: port {port} on 127.0.0.1 is in use: choose another with --port N (or stop what listens there)\n"
+
+
+@pytest.mark.parametrize("command", ["proxy", "serve"])
+def test_an_unwritable_store_stops_the_command_with_one_line(command, tmp_path):
+    flags = ["--upstream", "http://127.0.0.1:9/v1", "--budget", "600"] if command == "proxy" else []
+    (code, err, loaded) = _command([command, *flags, "--port", str(free_port()), "--store", _not_a_folder(tmp_path)], tmp_path)
+    # It was a 26-line PermissionError traceback, after the engine had loaded.
+    assert code == 2 and not loaded
+    assert err.count("\n") == 1 and "the store folder" in err and "cannot be written" in err and "--store" in err
+
+
+@pytest.mark.parametrize("upstream", ["not-a-url", "ftp://example.com/v1", "http://", "http://host:port/v1"])
+def test_a_malformed_upstream_stops_the_proxy_with_one_line(upstream, tmp_path):
+    (code, err, loaded) = _command(["proxy", "--upstream", upstream, "--budget", "600", "--port", str(free_port()),
+                                    "--store", str(tmp_path / "s")], tmp_path)
+    assert code == 2 and not loaded
+    assert err == (f"contextrender proxy: error: --upstream must be an http:// or https:// URL such as "
+                   f"https://api.openai.com/v1 (got {upstream!r})\n")
+
+
+def test_replay_counts_one_trace_as_one(tmp_path, capsys):
+    path = tmp_path / "t.jsonl"
+    path.write_text(json.dumps(hand_trace()) + "\n")
+    assert main(["replay", str(path), "--budget", "300", "--selector", "prune", "--no-progress"]) == 0
+    assert capsys.readouterr().out.startswith(f"1 trace from {path};")

@@ -390,28 +390,46 @@ def test_unreachable_upstream_is_a_502(engine):
 
 
 def test_the_command_runs_the_engine_in_process(tmp_path, upstream):
-    """`contextrender proxy ...`: one command, nothing else to start."""
+    """`contextrender proxy ...`: one command, nothing else to start; it says it is ready once it
+    answers, then logs one line per request and nothing of httpx's."""
     port = free_port()
     env = dict(os.environ, CONTEXTRENDER_STORE=str(tmp_path / "store"))
     command = [sys.executable, "-m", "contextrender.cli", "proxy", "--upstream", upstream.base_url,
                "--budget", str(BUDGET), "--port", str(port)]
-    process = subprocess.Popen(command, env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    process = subprocess.Popen(command, env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
+        lines = []
         deadline = time.monotonic() + 180  # the engine loads first: slow on a busy machine
-        while True:
-            try:
-                response = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", json={"model": "m", "messages": conversation()})
-                break
-            except httpx.ConnectError:
-                assert process.poll() is None, process.stdout.read().decode()
-                assert time.monotonic() < deadline, "the proxy did not start"
-                time.sleep(0.2)
+        while not any(" ready on " in line for line in lines):
+            line = process.stdout.readline()
+            assert line or process.poll() is None, "".join(lines)
+            assert time.monotonic() < deadline, "the proxy did not start"
+            lines.append(line)
+        # "ready" only once the port answers (jac start and uvicorn said it before).
+        assert httpx.get(f"http://127.0.0.1:{port}/contextrender/ready").json() == {"ready": True}
+        response = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", json={"model": "m", "messages": conversation()})
         assert response.status_code == 200
         assert TOK.history_tokens(history(upstream.requests[-1].json["messages"])) <= BUDGET
         assert (tmp_path / "store" / ".jac").exists()
+        logged = ""
+        while " INFO " not in logged:  # after the start's last lines
+            logged = process.stdout.readline()
+            assert logged, "the proxy logged nothing for the request"
+        rendered = int(response.headers["x-contextrender-history-tokens"])
+        assert " INFO contextrender.proxy: session " in logged and f" chat: history " in logged and f" -> {rendered} tokens, " in logged
     finally:
         process.terminate()
-        process.wait(timeout=20)
+        rest = process.communicate(timeout=20)[0]
+    assert "HTTP Request" not in "".join(lines) + logged + rest  # httpx's line per upstream call
+
+
+def test_the_readiness_endpoint_answers_with_the_upstream_down(engine):
+    app = create_app(engine, f"http://127.0.0.1:{free_port()}/v1", BUDGET, inspect=False)
+    with LoopbackServer(app) as server:
+        ready = httpx.get(f"{server.url}/contextrender/ready")
+        models = httpx.get(f"{server.url}/v1/models")  # forwarded: the upstream is down
+    assert ready.status_code == 200 and ready.json() == {"ready": True}
+    assert models.status_code == 502
 
 
 def test_proxy_with_a_server_backend(jac_server, upstream):

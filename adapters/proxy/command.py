@@ -88,7 +88,6 @@ def run(args: argparse.Namespace) -> int:
             listener.close()
             return _refuse(f"{flag}: {bad}")
 
-    _logging(args.log_level)
     try:
         backend = _backend(args)
     except ValueError as bad:  # a malformed client setting ($CONTEXTRENDER_TIMEOUT)
