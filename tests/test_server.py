@@ -93,6 +93,8 @@ def test_session_endpoints(alice):
     assert reuses and all(e["values"] for e in reuses)
     dot = alice.export_graph("s-endpoints", format="jac-dot")["dot"]
     assert dot.startswith("digraph") and "reuses ITEM_0003_SKU" in dot and "result r1 of lookup" in dot
+    # What is below the session only (docs/inspector.md): it drew the 64 shelves and the directory too.
+    assert 'label="shelf' not in dot and "Root()" not in dot
     # The picture for people (walkers/picture.jac): the chain only, reuse edges with their values.
     people = alice.export_graph("s-endpoints", format="dot")["dot"]
     assert people.startswith("digraph") and "r1 lookup" in people and "ITEM_0003_SKU" in people and "shelf" not in people
@@ -209,15 +211,32 @@ def test_client_logs_in_again_when_its_token_is_refused(jac_server):
     assert failure.value.status == 401
 
 
-def test_jac_dot_draws_the_session_graph(jac_server, alice, tmp_path):
+def _documented_jac_dot() -> list[str]:
+    """The `jac dot` command docs/server-and-security.md gives (up to its `&&`), as arguments."""
+    import re
+    import shlex
+
+    text = (REPO / "docs" / "server-and-security.md").read_text(encoding="utf-8")
+    (command,) = re.findall(r"`(jac dot [^`]*?)(?: &&[^`]*)?`", text)
+    return shlex.split(command)
+
+
+def test_jac_dot_as_the_docs_give_it_draws_the_session_graph(jac_server, alice, tmp_path):
     alice.ingest("drawn", conversation(5))
     session_id = next(n["id"] for n in alice.export_graph("drawn")["nodes"] if n["kind"] == "Session")
-    out = tmp_path / "graph.dot"
-    done = subprocess.run([str(JAC), "dot", "contextrender.jac", "-i", f"session_node('{session_id}')", "-o", str(out)],
-                          cwd=jac_server.workdir, env=jac_server.env, capture_output=True, text=True, timeout=300)
+    command = [part.replace("<id>", session_id) for part in _documented_jac_dot()]
+    assert command[:2] == ["jac", "dot"] and "session.dot" in command
+    # In the server's store folder (the docs name it), as a user runs it: no server secret in the environment.
+    env = {k: v for (k, v) in jac_server.env.items() if k != "CONTEXTRENDER_JWT_SECRET"}
+    done = subprocess.run([str(JAC), *command[1:]], cwd=jac_server.workdir, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
-    dot = out.read_text()
+    dot = (jac_server.workdir / "session.dot").read_text()
     assert "Session drawn" in dot and "reuses ITEM_0003_SKU" in dot and "calls" in dot and "answered by" in dot
+    assert 'label="shelf' not in dot and "Root()" not in dot  # the session's graph, not the shelves that hold it
+    # An id the folder's store does not hold is an error saying where to look (it drew Root() and exited 0).
+    missing = [part.replace("<id>", "0" * 32) for part in _documented_jac_dot()]
+    done = subprocess.run([str(JAC), *missing[1:]], cwd=jac_server.workdir, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode != 0 and "store folder of the `contextrender serve`" in done.stdout + done.stderr
 
 
 def test_acknowledged_writes_survive_kill_9(tmp_path):
@@ -309,3 +328,41 @@ def test_metrics_count_requests_by_endpoint_and_status(jac_server, alice):
     assert count(after, "render_context", "200") >= count(first.text, "render_context", "200") + 1
     assert count(after, "list_sessions", "401") == count(first.text, "list_sessions", "401") + 1
     assert "count me" not in after
+
+
+def test_serve_says_ready_once_it_answers_with_what_to_do_next(tmp_path):
+    """`contextrender serve`: one banner, printed once the port answers (jac start said "Server
+    ready" 31 s before), with the URL, the two curl lines, the inspector and how to stop; `/`
+    answers; none of jac-scale's lines about the admin routes it does not serve."""
+    import os
+    import time
+
+    from contextrender.testing.loopback import free_port, stop_process
+
+    port = free_port()
+    env = dict(os.environ, CONTEXTRENDER_JWT_SECRET="s" * 8 + "-a-strong-enough-test-secret-0123456789")
+    process = subprocess.Popen([str(JAC.parent / "contextrender"), "serve", "--port", str(port), "--store", str(tmp_path / "store")],
+                               cwd=tmp_path, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True)
+    url = f"http://127.0.0.1:{port}"
+    lines: list[str] = []
+    try:
+        deadline = time.monotonic() + 300
+        while not any(" ready on " in line for line in lines):
+            line = process.stdout.readline()
+            assert line or process.poll() is None, "".join(lines)
+            assert time.monotonic() < deadline, "".join(lines)
+            lines.append(line)
+        assert httpx.post(f"{url}/walker/health", json={}, timeout=5).status_code == 200  # ready means answering
+        front = httpx.get(f"{url}/", timeout=5)
+        assert front.status_code == 200 and front.json()["data"]["inspector"] == "/contextrender/"
+        for _ in range(6):  # the rest of the banner
+            lines.append(process.stdout.readline())
+    finally:
+        stop_process(process)
+    out = "".join(lines)
+    assert f"ready on {url}/" in out
+    assert f"curl -X POST {url}/user/register" in out and f"curl -X POST {url}/user/login" in out
+    assert f"inspector:     {url}/contextrender/" in out and "Ctrl-C" in out
+    assert "Admin portal is disabled" not in out and "/admin" not in out and "Server ready" not in out
+    assert process.returncode is not None
