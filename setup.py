@@ -20,6 +20,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 from setuptools import setup
@@ -59,13 +60,21 @@ class BuildWithJac(build_py):
             # that `_add_access_tables` copies) written, also one the program already holds in memory
             # because an earlier module imported it (jaclang returns that one's bytecode unwritten).
             env = dict(os.environ, LITELLM_LOCAL_MODEL_COST_MAP="True", JAC_REBUILD="1")
-            result = subprocess.run(
-                [sys.executable, "-m", "jaclang", "run", str(script), str(source)],
-                cwd=scratch, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-            )
+            # The bundler's lines as they come (one per module; shown by `pip wheel -v` and
+            # `python -m build`, which do not hide a build's output), with the seconds so far.
+            print("setup.py: precompiling the Jac modules (a few minutes)", file=sys.stderr, flush=True)
+            started = time.monotonic()
+            lines: list[str] = []
+            with subprocess.Popen([sys.executable, "-m", "jaclang", "run", str(script), str(source)], cwd=scratch, env=env,
+                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as bundler:
+                for line in bundler.stdout:
+                    lines.append(line)
+                    if line.strip():
+                        print(f"setup.py: [{time.monotonic() - started:4.0f} s] {line.rstrip()}", file=sys.stderr, flush=True)
+            output = "".join(lines)
         compiled = list((package / "_precompiled").rglob("*.jir"))
-        if result.returncode != 0 or "0 failed" not in result.stdout or not compiled:
-            raise RuntimeError(f"precompiling the Jac modules failed:\n{result.stdout[-4000:]}")
+        if bundler.returncode != 0 or "0 failed" not in output or not compiled:
+            raise RuntimeError(f"precompiling the Jac modules failed:\n{output[-4000:]}")
         tables = _add_access_tables(package, compiled)
         # Compiling leaves jaclang's per-folder module cache (.jac/cache) beside the sources: it is
         # keyed by this build's paths and does not belong in the wheel.

@@ -234,7 +234,7 @@ def test_jac_dot_as_the_docs_give_it_draws_the_session_graph(jac_server, alice, 
     assert "Session drawn" in dot and "reuses ITEM_0003_SKU" in dot and "calls" in dot and "answered by" in dot
     assert 'label="shelf' not in dot and "Root()" not in dot  # the session's graph, not the shelves that hold it
     # An id the folder's store does not hold is an error saying where to look (it drew Root() and exited 0).
-    missing = [part.replace("<id>", "0" * 32) for part in _documented_jac_dot()]
+    missing = [part.replace("<id>", uuid.uuid4().hex) for part in _documented_jac_dot()]
     done = subprocess.run([str(JAC), *missing[1:]], cwd=jac_server.workdir, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode != 0 and "store folder of the `contextrender serve`" in done.stdout + done.stderr
 

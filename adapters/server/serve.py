@@ -130,8 +130,8 @@ def run(args: argparse.Namespace) -> int:
     command = [sys.executable, "-m", "jaclang", "start", ENTRY, "--no_client", "-p", str(args.port)]
     # The URL that answers: a server on every interface answers on loopback too.
     url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{args.port}"
-    _say(f"starting jac start on {url} (store {store}); the first start on a store folder compiles the Jac modules "
-         "once, a minute or more")
+    _say(f"starting jac start on {url} (store {store}); the first start from a checkout compiles the Jac modules, "
+         "once (a minute or more; a wheel carries them compiled)")
     started = time.monotonic()
     child = subprocess.Popen(command, cwd=store, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                              stderr=subprocess.STDOUT, text=True, errors="replace", bufsize=1)
