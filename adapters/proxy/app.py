@@ -222,7 +222,7 @@ class _Proxy:
             return error(fmt, 400, _TOO_DEEP, "invalid_request_error")
         # The one line a request gets at --log-level info.
         log.info("session %s %s: history %d -> %d tokens, %s, %.0f ms", _shown(session_id, name), protocol.name,
-                 result.full_history_tokens, result.history_tokens, result.mode or "rendered", (time.perf_counter() - started) * 1000)
+                 result.full_history_tokens, result.history_tokens, result.mode or "-", (time.perf_counter() - started) * 1000)
         on_answer = self.sessions.answered(session_id, turn, len(messages), estimate, chain_events(prepared))
         headers = [(STATUS_HEADER, "managed")] + _summary_headers(session_id, name, result)
         self.metrics.in_proxy_seconds.labels(protocol.name).observe(time.perf_counter() - started)

@@ -45,13 +45,27 @@ def _refuse(message: str) -> int:
     return 2
 
 
+# The handler jaclang's `logging.basicConfig` adds when it is imported (every logger at INFO).
+_JACLANG_FORMAT = "%(levelname)s - %(message)s"
+
+
 def _logging(level: str) -> None:
     """The proxy's own lines (one per request at info) at `level`; other libraries' (httpx's line
-    per upstream call, jaclang's, uvicorn's) at warning, unless `level` is debug. jaclang turns on
-    INFO logging for every logger when it is imported: replaced here."""
-    logging.basicConfig(level=logging.DEBUG if level == "debug" else logging.WARNING, force=True,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    per upstream call, jaclang's, litellm's, uvicorn's) at warning, unless `level` is debug. Set
+    before jaclang is imported, whose INFO set-up then finds logging configured (its handler, when
+    an earlier import added it, is replaced)."""
+    root = logging.getLogger()
+    for handler in list(root.handlers):
+        if handler.formatter is not None and handler.formatter._fmt == _JACLANG_FORMAT:
+            root.removeHandler(handler)
+    logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s")  # where nothing else configured it
+    root.setLevel(logging.DEBUG if level == "debug" else logging.WARNING)
     logging.getLogger("contextrender").setLevel(level.upper())
+
+
+def _say(line: str) -> None:
+    """A start line, at any --log-level."""
+    print(f"contextrender proxy: {line}", file=sys.stderr, flush=True)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -72,6 +86,8 @@ def run(args: argparse.Namespace) -> int:
         listener = claim_port(args.host, args.port)
     except Refused as bad:
         return _refuse(str(bad))
+    url = f"http://{args.host}:{args.port}"
+    _logging(args.log_level)
 
     import uvicorn
 
@@ -88,6 +104,7 @@ def run(args: argparse.Namespace) -> int:
             listener.close()
             return _refuse(f"{flag}: {bad}")
 
+    _say(f"starting on {url}: loading the engine, then listening")
     try:
         backend = _backend(args)
     except ValueError as bad:  # a malformed client setting ($CONTEXTRENDER_TIMEOUT)
@@ -104,23 +121,20 @@ def run(args: argparse.Namespace) -> int:
         listener.close()
         return _refuse(str(bad))
     where = f"server {args.server}" if args.server else f"store {os.path.abspath(args.store)}"
-    url = f"http://{args.host}:{args.port}"
-
-    def say(line: str) -> None:  # the start lines, at any --log-level
-        print(f"contextrender proxy: {line}", file=sys.stderr, flush=True)
 
     class Server(uvicorn.Server):
         async def startup(self, sockets: Any = None) -> None:
             await super().startup(sockets)
             if self.started:  # listening: what follows is true now
-                say(f"ready on {url}/v1 -> {args.upstream} (budget {args.budget}, selector {args.selector}, "
+                _say(f"ready on {url}/v1 -> {args.upstream} (budget {args.budget}, selector {args.selector}, "
                     f"restore rounds {args.restore_rounds}, {where})")
                 if not args.no_inspector:
-                    say(f"session inspector: http://127.0.0.1:{args.port}/contextrender/ (loopback only)")
-                say(f"readiness: {url}/contextrender/ready; stop with Ctrl-C")
+                    _say(f"session inspector: http://127.0.0.1:{args.port}/contextrender/ (loopback only)")
+                _say(f"readiness: {url}/contextrender/ready; stop with Ctrl-C")
 
-    say(f"starting on {url} (loading the engine first)")
-    Server(uvicorn.Config(app, log_level="debug" if args.log_level == "debug" else "warning", **served)).run(sockets=[listener])
+    config = uvicorn.Config(app, host=args.host, port=args.port, log_level="debug" if args.log_level == "debug" else "warning",
+                            **served)
+    Server(config).run(sockets=[listener])
     return 0
 
 
