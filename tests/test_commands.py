@@ -173,3 +173,21 @@ def test_replay_counts_one_trace_as_one(tmp_path, capsys):
     path.write_text(json.dumps(hand_trace()) + "\n")
     assert main(["replay", str(path), "--budget", "300", "--selector", "prune", "--no-progress"]) == 0
     assert capsys.readouterr().out.startswith(f"1 trace from {path};")
+
+
+def test_serve_relays_jac_starts_lines_without_its_banner_and_notes_a_moved_port(capsys):
+    """jac-scale moves to the next free port when the asked one is taken between serve's check and
+    its bind: serve notes it (and stops the server, exit 2); its own banner replaces jac start's."""
+    from contextrender.server import serve
+
+    class Child:
+        stdout = iter(["  Port 8000 is in use, using port 8001 instead\n", "INFO - Admin portal is disabled\n",
+                       "INFO - Ops self-check endpoint registered: /admin/ops/health\n", "  🚀 Server ready (no client)\n",
+                       "WARNING - something the operator should see\n"])
+
+    (moved, tail) = ([], [])
+    serve._relay(Child(), False, moved, tail)
+    err = capsys.readouterr().err
+    assert moved == ["8000"]
+    assert err == "WARNING - something the operator should see\n"
+    assert len(tail) == 5  # all of it kept, for a start that fails

@@ -325,6 +325,8 @@ def test_the_proxy_inspector_answers_loopback_only(engine):
         assert missing.status_code == 404 and "nobody" in missing.json()["error"]["message"]
         assert httpx.get(f"{proxy.url}/contextrender/inspector.js").headers["content-type"].startswith("text/javascript")
         assert httpx.get(f"{proxy.url}/contextrender/secrets.txt").status_code == 404
+        # The page names its icon (none), so a browser asks no /favicon.ico, which the proxy forwards upstream.
+        assert '<link rel="icon" href="data:,">' in httpx.get(f"{proxy.url}/contextrender/").text
     # A client on another interface (as a proxy bound to 0.0.0.0 would see it).
     from starlette.requests import Request
 
