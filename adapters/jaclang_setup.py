@@ -95,7 +95,7 @@ def jac_modules() -> list[Path]:
     """The Jac modules of graph/, engine/ and walkers/ (not their impl files): what a first use
     in a checkout compiles."""
     return sorted(p for d in ("graph", "engine", "walkers") for p in (JAC_ROOT / d).rglob("*.jac")
-                  if ".jac" not in p.relative_to(JAC_ROOT).parts[:-1] and ".impl." not in p.name)
+                  if p.is_file() and ".jac" not in p.relative_to(JAC_ROOT).parts[:-1] and ".impl." not in p.name)
 
 
 def _uncompiled() -> list[Path]:

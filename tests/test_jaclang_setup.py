@@ -48,3 +48,34 @@ def test_the_users_disabled_list_is_read_as_jaclang_reads_it(tmp_path, monkeypat
     monkeypatch.setenv("JAC_DISABLED_PLUGINS", "a:b, c")
     assert user_disabled(tmp_path) == ["a:b", "c"]
     assert set(NOT_SERVING) == {"jac-scale:*"}
+
+
+def test_a_first_compile_says_so_with_progress_and_a_cached_load_says_nothing(monkeypatch, tmp_path):
+    """The first `Engine()` in a checkout compiled for minutes with no output."""
+    import io
+    import time
+
+    from contextrender import jaclang_setup
+
+    monkeypatch.setattr(jaclang_setup, "NOTICE_AFTER", 0.05)
+    monkeypatch.setattr(jaclang_setup, "NOTICE_EVERY", 0.05)
+    monkeypatch.setattr(jaclang_setup, "_uncompiled", lambda: [tmp_path / "graph" / "context.jac"])
+    out = io.StringIO()
+    with jaclang_setup.compile_notice(out):
+        time.sleep(0.3)
+    said = out.getvalue()
+    assert "compiling the Jac modules of this checkout, once (1 modules" in said
+    assert "compiled 0 of 1 modules" in said and "the Jac modules are compiled" in said
+    quick = io.StringIO()
+    with jaclang_setup.compile_notice(quick):  # over before the notice is due
+        pass
+    monkeypatch.setattr(jaclang_setup, "_uncompiled", lambda: [])
+    cached = io.StringIO()
+    with jaclang_setup.compile_notice(cached):
+        time.sleep(0.2)
+    assert quick.getvalue() == "" and cached.getvalue() == ""
+    # The modules a first use compiles: files only (jaclang's cache folders are named .jac too); in
+    # this process (the tests loaded the engine) every one has its cache file.
+    modules = jaclang_setup.jac_modules()
+    assert len(modules) > 20 and all(m.is_file() and ".impl." not in m.name for m in modules)
+    assert jaclang_setup._uncompiled() == []
