@@ -98,12 +98,10 @@ def _answers(url: str) -> bool:
         return False
 
 
-def _relay(child: subprocess.Popen, verbose: bool, moved: list[str], tail: list[str]) -> None:
+def _relay(child: subprocess.Popen, verbose: bool, moved: list[str]) -> None:
     """Copies the child's output to ours (without the lines _NOT_SHOWN names, unless verbose),
-    noting a port it moved to and keeping the last lines for a failed start."""
+    noting a port it moved to."""
     for line in child.stdout:
-        tail.append(line)
-        del tail[:-40]
         if (found := _MOVED.search(line)) is not None:
             moved.append(found.group(1))
             continue
@@ -136,24 +134,28 @@ def run(args: argparse.Namespace) -> int:
     child = subprocess.Popen(command, cwd=store, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                              stderr=subprocess.STDOUT, text=True, errors="replace", bufsize=1)
     moved: list[str] = []
-    tail: list[str] = []
-    relay = threading.Thread(target=_relay, args=(child, args.verbose, moved, tail), daemon=True)
+    relay = threading.Thread(target=_relay, args=(child, args.verbose, moved), daemon=True)
     relay.start()
     # A stop (SIGTERM, or Ctrl-C where only this process got it) goes to the server, which drains.
     signal.signal(signal.SIGTERM, lambda *_: child.terminate())
     try:
         next_progress = started + PROGRESS_EVERY
-        while not _answers(url):
-            if moved:
+        while True:
+            if moved:  # (what answers on the port then is another server)
                 stop_process(child)
                 _say(f"error: port {args.port} on {host} was taken while the server started: choose another with "
                      "--port N (or $PORT), or stop what listens there")
                 return 2
             if child.poll() is not None:
                 relay.join(timeout=5)
-                _say(f"error: jac start exited with status {child.returncode} before it answered; its last lines:")
-                sys.stderr.writelines(tail[-20:])
+                _say(f"error: jac start exited with status {child.returncode} before it answered (its lines are above; "
+                     "--verbose shows every one)")
                 return child.returncode or 1
+            if _answers(url):
+                relay.join(timeout=0.2)  # a line about a moved port, if the child wrote one
+                if not moved:
+                    break
+                continue
             if time.monotonic() >= next_progress:
                 _say(f"starting: loading the Jac modules and the models, {time.monotonic() - started:.0f} s")
                 next_progress += PROGRESS_EVERY
