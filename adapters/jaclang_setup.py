@@ -152,7 +152,11 @@ def compile_notice(stream: object = None) -> Iterator[None]:
         done.set()
         watcher.join()
         if said:
-            print(f"contextrender: the Jac modules are compiled ({time.monotonic() - started:.0f} s)", file=out, flush=True)
+            from jaclang.jac0core.jir import get_module_cache_path
+
+            compiled = sum(1 for m in pending if get_module_cache_path(str(m)).exists())
+            print(f"contextrender: compiled {compiled} of {len(pending)} modules in {time.monotonic() - started:.0f} s "
+                  "(the rest load when used); done", file=out, flush=True)
 
 
 _notice = threading.local()
