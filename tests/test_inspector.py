@@ -585,7 +585,7 @@ def test_status_code_reads_what_the_model_met_and_expands_back():
             messages = [{"role": "system", "content": "s"}] + sent + [{"role": "tool", "tool_call_id": "restore-1", "content": "x"}]
             index = SimpleNamespace(answered={f"c{r}": r for r in range(results)}, result_event=events,
                                     messages={e: stored[r] for r, e in enumerate(events)})
-            plan = SimpleNamespace(compacted={r: {} for r in range(results) if letters[r] == "c"}, fold_start=fold_start)
+            plan = SimpleNamespace(compacted={r: {} for r in range(results) if letters[r] == "c"}, verbatim_start=lambda: fold_start)
             runs: list[list] = []
             for letter in letters:
                 if runs and runs[-1][0] == letter:
