@@ -212,6 +212,59 @@ def test_the_fold_index_names_every_folded_result_it_has_room_for(engine):
     assert_sound(result, budget)
 
 
+def test_the_fold_index_names_each_result_with_what_produced_it_as_far_as_its_share_goes(engine):
+    import re
+
+    messages = folded_session(10)
+    budget = 1500
+    result = engine.render("s", messages, budget=budget, explain=True)
+    text = fold_index_text(result)
+    handles = {d.call_id: d.handle for d in result.decisions}
+    folded = [f"c{i}" for i in range(10) if 2 * i + 2 < result.folded_messages]
+    shown = {m.get("tool_call_id") for m in result.messages if m["role"] == "tool"}
+    assert folded
+    # Every folded result is named; the newest one with its call's command, in its entry.
+    for call_id in folded:
+        if call_id not in shown:
+            assert re.search(rf"(?<!\w){handles[call_id]}(?!\w)", text), (call_id, text)
+    newest = folded[-1]
+    assert f" {handles[newest]} (pytest tests/t{newest[1:]}" in text
+    wide = fold_index_text(engine.render("w", messages, budget=budget, fold_index_label=40))
+    assert f" {handles[newest]} (pytest tests/t{newest[1:]}.py)" in wide
+    # Within the index's share of B.
+    assert TOK.count(text) <= int(budget * 0.08) + 8
+    bare = engine.render("t", messages, budget=budget, fold_index_label=0)
+    assert "(pytest" not in fold_index_text(bare) and f" {handles[newest]}" in fold_index_text(bare)
+    assert_sound(result, budget)
+
+
+def test_the_marker_says_how_to_find_a_folded_result_unless_no_restore_tool_is_offered():
+    from engine.notices import FOLD_QUERY_HINT, RESTORE_TOOL, fold_marker, without_restore_tool
+
+    for budget in (200, 700, 6000):
+        marker = fold_marker(budget)["content"]
+        assert FOLD_QUERY_HINT in marker and f"call {RESTORE_TOOL} with a query" in marker
+        assert RESTORE_TOOL not in without_restore_tool(marker)
+        assert without_restore_tool(marker).endswith("when relevant.]")
+    # Below 200 tokens of B the marker alone would take most of it.
+    assert FOLD_QUERY_HINT not in fold_marker(120)["content"]
+
+
+def test_the_distinguishing_argument_of_a_call():
+    import json
+
+    from engine.notices import call_label, index_entry
+
+    assert call_label(json.dumps({"command": "cd /testbed && cat src/a.py"}), 40) == "cat src/a.py"
+    assert call_label(json.dumps({"view_range": [1, 9], "path": "src/b.py"}), 40) == "src/b.py"
+    assert call_label(json.dumps({"reservation_id": "ZFA04Y", "note": "x"}), 40) == "ZFA04Y"
+    assert call_label(json.dumps({"command": "cat > x.py << EOF\nimport os\nEOF"}), 40) == "cat > x.py << EOF"
+    assert call_label(json.dumps({"command": "grep -rn pattern " + "d/" * 40}), 16) == "grep -rn patter…"
+    assert call_label("ls -la", 40) == "ls -la" and call_label("", 40) == ""
+    assert index_entry("r3", json.dumps({"command": "ls"}), 40) == "r3 (ls)"
+    assert index_entry("r3", json.dumps({"command": "ls"}), 0) == "r3" == index_entry("r3", "{}", 40)
+
+
 def test_the_fold_index_follows_the_marker_and_the_folded_results_it_keeps(engine):
     from engine.notices import fold_marker
 
@@ -262,12 +315,14 @@ def test_in_the_prose_share_the_index_takes_its_own_size(engine):
                      tool(f"c{i}", f"OUT_{i} " + filler(f"o{i}z", 30))]
     budget = 2250
     plain = engine.render("a", messages, budget=budget, fold_index_share=0.0)
-    named = engine.render("b", messages, budget=budget)
+    named = engine.render("b", messages, budget=budget, fold_index_label=0)
     described = engine.render("c", messages, budget=budget, fold_index_digest=40)
-    # The index is part of the prose share: more turns fold with it; the handles alone take less
-    # of it than the whole share the descriptions fill, so fewer turns fold for them.
-    assert plain.folded_messages < named.folded_messages < described.folded_messages
-    for result in (named, described):
+    labeled = engine.render("d", messages, budget=budget)
+    # The index is part of the prose share: more turns fold with it; the bare handles take less
+    # of it than the whole share the descriptions (or the handles' labels) fill, so fewer turns
+    # fold for them.
+    assert plain.folded_messages < named.folded_messages < described.folded_messages == labeled.folded_messages
+    for result in (named, described, labeled):
         assert fold_index_text(result)
         assert_sound(result, budget)
 
@@ -481,7 +536,8 @@ def test_explain_and_last_render_are_the_same_after_a_restart(tmp_path):
 
     (restarted, steady) = (Engine(tmp_path / "restarted"), Engine(tmp_path / "steady"))
     modes = []
-    for messages in _agent_loop(14):
+    # 15 calls: under the defaults the last one re-renders (its reasons are checked below).
+    for messages in _agent_loop(15):
         rendered = restarted.render("s", messages, budget=900)
         # (Another session name: the index cache is keyed by node id, the same in two stores.)
         assert steady.render("t", messages, budget=900).messages == rendered.messages
