@@ -168,8 +168,37 @@ def test_non_tool_history_beyond_budget_is_folded_with_a_marker(engine):
     result = engine.render("s", messages, budget=budget, **PAPER)
     assert result.folded_messages > 0
     history = history_of(result)
-    assert "oldest messages" in history[0]["content"]
+    # The task (the first user message) above the marker, which folds what lies between.
+    assert history[0] == messages[0] and "oldest messages" in history[1]["content"]
     assert history[-1] == messages[-2]          # the most recent turns stay verbatim
+    assert_sound(result, budget)
+
+
+@pytest.mark.parametrize("budget", [200, 600, 1500])
+def test_the_task_stays_in_view_above_the_marker_charged_to_the_budget(engine, budget):
+    """The first user message (the task) was folded behind the marker, which does not contain it:
+    now it stays, verbatim, above the marker, in every render that folds, charged to B."""
+    messages = folded_session(10) + [user("now run the tests again")]
+    for policy in ("per-call", "stable"):
+        result = engine.render(f"{policy}{budget}", messages, budget=budget, policy=policy)
+        history = history_of(result)
+        assert result.folded_messages > 0
+        assert history[0] == messages[0] and "oldest messages" in history[1]["content"]
+        assert sum(1 for m in history if m == messages[0]) == 1
+        assert_sound(result, budget)
+    # A task larger than its share is cut in the middle to it, with a note; where the share is
+    # too small for that (under TASK_LEAST tokens), folded as before.
+    from engine.plan import TASK_LEAST, TASK_SHARE
+
+    long_task = [user("fix the bug " + filler("t", 400) + " END_OF_TASK")] + messages[1:]
+    result = engine.render(f"long{budget}", long_task, budget=budget)
+    first = str(history_of(result)[0]["content"])
+    assert result.folded_messages > 0 and history_of(result)[0] != long_task[0]
+    if int(budget * 0.15 * TASK_SHARE) >= TASK_LEAST:
+        assert first.startswith("[ContextRender: the first user message (") and "fix the bug" in first and "END_OF_TASK" in first
+        assert TOK.message_tokens(history_of(result)[0]) <= int(budget * 0.15 * TASK_SHARE)
+    else:
+        assert "oldest messages" in first
     assert_sound(result, budget)
 
 
@@ -274,12 +303,12 @@ def test_the_fold_index_follows_the_marker_and_the_folded_results_it_keeps(engin
     history = history_of(result)
     # The marker stays the constant one: a fold that moves changes the index, not the marker
     # or the selected results of folded turns after it (the prefix the provider cached).
-    assert history[0] == fold_marker(budget)
+    assert history[0] == messages[0] and history[1] == fold_marker(budget)
     at = next(k for k, m in enumerate(history) if m["content"] == fold_index_text(result))
     # c_i's call is at position 1 + 2i: those before the fold's end are folded.
     folded = {f"c{i}" for i in range(10) if 2 * i + 1 < result.folded_messages}
     calls = lambda m: {c["id"] for c in m.get("tool_calls") or []} | ({m["tool_call_id"]} if m["role"] == "tool" else set())
-    assert at > 1 and all(calls(m) and calls(m) <= folded for m in history[1:at])
+    assert at > 2 and all(calls(m) and calls(m) <= folded for m in history[2:at])
     assert all(not calls(m) & folded for m in history[at + 1:])
 
 
@@ -289,7 +318,7 @@ def test_the_fold_index_in_the_marker_when_placed_there(engine):
     budget = 1500
     inside = engine.render("b", folded_session(10), budget=budget, fold_index_place="marker")
     assert fold_index_text(inside) == ""
-    marker = history_of(inside)[0]["content"]
+    marker = history_of(inside)[1]["content"]
     assert marker.startswith(fold_marker(budget)["content"] + "\n" + FOLD_INDEX_HEADING + "\nr")
     assert_sound(inside, budget)
 
@@ -384,7 +413,7 @@ def test_without_the_fold_index_the_marker_is_the_constant_one(engine):
 
     budget = 1500
     result = engine.render("s", folded_session(10), budget=budget, fold_index_share=0.0)
-    assert result.folded_messages > 0 and history_of(result)[0] == fold_marker(budget)
+    assert result.folded_messages > 0 and history_of(result)[1] == fold_marker(budget)
 
 
 def test_a_single_overlong_recent_message_is_condensed(engine):
