@@ -1,6 +1,6 @@
 """Engine speed: render latency after ingestion (150 and 10,000 results) and ingestion throughput.
 
-    .venv/bin/python benchmarks/engine_bench.py [--repeat N]
+    .venv/bin/python benchmarks/engine_bench.py [--repeat N] [--sizes 150] [--per-call-only]
 
 Prints medians measured in this run. Histories are built from the real tool results of
 ../shared/traces/mini_swe_agent_deepseek.jsonl, cycled to reach the target size.
@@ -124,6 +124,7 @@ def main() -> None:
     parser.add_argument("--ingest-only", action="store_true", help="only the ingestion rows")
     parser.add_argument("--rounds-per-call", type=int, nargs="+", default=[2000, 50],
                         help="tool rounds (two messages each) per ingestion call")
+    parser.add_argument("--per-call-only", action="store_true", help="only the per-call render rows (a quick A/B of the render itself)")
     args = parser.parse_args()
     if args.ingest_only:
         args.sizes = []
@@ -136,19 +137,24 @@ def main() -> None:
             # The same history rendered again and again: every call selects (the paper's renderer,
             # as before the stable policy), or appends nothing to its previous render (the default).
             paper = {"policy": "per-call", "prose_share": 1.0, "condense": False}
-            for label, settings in (("per-call, paper settings", paper), ("stable, same history", {})):
+            rows = (("per-call, paper settings", paper),) if args.per_call_only else (("per-call, paper settings", paper), ("stable, same history", {}))
+            for label, settings in rows:
                 p50, compute = bench_render(engine, history(pairs, results), args.budget, repeat, **settings)
                 print(
                     f"render, {results:>6} results, B={args.budget}, {label}: Engine.render p50 {p50:8.2f} ms, "
                     f"render computation p50 {compute:8.2f} ms  (n={repeat}; setup+runs {time.perf_counter() - start:.0f} s)",
                     flush=True,
                 )
+            if args.per_call_only:
+                continue
             for mode, (p50, compute, n) in sorted(bench_growing(engine, pairs, results, args.budget, repeat).items()):
                 print(
                     f"render, {results:>6} results, B={args.budget}, stable, one round more per call, {mode}: "
                     f"Engine.render p50 {p50:8.2f} ms, render computation p50 {compute:8.2f} ms  (n={n})",
                     flush=True,
                 )
+        if args.per_call_only:
+            return
         print(f"ingest computation only (tokens, values, embeddings; no store), 2,000 results: {ingest_computation(pairs, 2000):.2f} MB/s", flush=True)
         for chunk in args.rounds_per_call:
             rate, megabytes = bench_ingest(Engine(Path(store) / f"i{chunk}"), pairs, 2000, chunk)

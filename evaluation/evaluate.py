@@ -3,6 +3,7 @@ prefix cache, and inference cost by equation 3 (4.2, C.2). Pure functions, no en
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from dataclasses import dataclass, field
@@ -128,6 +129,51 @@ def written_texts(rendered: list[dict], originals: dict[str, Any], texts: set[st
 def named_handles(rendered: list[dict], originals: dict[str, Any], texts: set[str]) -> set[str]:
     """Handles named in text ContextRender wrote into the rendered history: results one restore away."""
     return {h for text in written_texts(rendered, originals, texts) for h in HANDLE_NAMED.findall(text)}
+
+
+# A word of a call's arguments, as the measure of "named with what produced it" looks for it.
+ARGUMENT_WORD = re.compile(r"[\w][\w./-]{2,}")
+
+
+def call_arguments(messages: list[dict]) -> dict[str, str]:
+    """Call id -> the words of its arguments' values (a JSON object's values, else the text)."""
+    out: dict[str, str] = {}
+    for m in messages:
+        for call in m.get("tool_calls") or []:
+            arguments = str((call.get("function") or {}).get("arguments") or "")
+            try:
+                parsed = json.loads(arguments) if arguments else None
+            except ValueError:
+                parsed = None
+            values = parsed.values() if isinstance(parsed, dict) else [arguments]
+            out[call.get("id")] = " ".join(v if isinstance(v, str) else json.dumps(v) for v in values)
+    return out
+
+
+def named_with_call(rendered: list[dict], originals: dict[str, Any], texts: set[str], calls: dict[str, str],
+                    handles: dict[str, str]) -> set[str]:
+    """Call ids of results named next to what produced them in text ContextRender wrote: a stub (or
+    a compacted result's note) in the result's own place, under its call; or a handle followed, before
+    the next handle, by a word of its call's arguments (a fold index entry or line)."""
+    out: set[str] = set()
+    call_of = {h: c for c, h in handles.items()}
+    for m in rendered:
+        call_id = m.get("tool_call_id")
+        if m.get("role") == "tool" and call_id in originals and m.get("content") != originals[call_id]:
+            if handles.get(call_id) in HANDLE_NAMED.findall(content_text(m.get("content"))):
+                out.add(call_id)
+    for text in written_texts(rendered, originals, texts):
+        for line in text.splitlines():
+            found = list(HANDLE_NAMED.finditer(line))
+            for k, match in enumerate(found):
+                call_id = call_of.get(match.group(1))
+                if call_id is None or call_id in out:
+                    continue
+                end = found[k + 1].start() if k + 1 < len(found) else len(line)
+                words = set(ARGUMENT_WORD.findall(calls.get(call_id, "")))
+                if words & set(ARGUMENT_WORD.findall(line[match.end():end])):
+                    out.add(call_id)
+    return out
 
 
 def result_handles(messages: list[dict]) -> dict[str, str]:
@@ -256,6 +302,9 @@ class VariantStats:
     # Reachability of the reuse events not in view: one restore away (text ContextRender wrote in
     # the rendered history names the result's handle), else unreachable.
     named: int = 0
+    # Of those, named next to what produced them (`named_with_call`): a stub under its own call, or
+    # a fold index entry with a word of its call's arguments.
+    named_with_call: int = 0
     # The oracle-restore replay: results restored before a reuse, the rounds they took (one per
     # turn that restores), and the events in view after them.
     restores: int = 0
@@ -275,6 +324,11 @@ class VariantStats:
         total = self.event_count()
         return 100.0 * (sum(self.hits.values()) + self.named) / total if total else float("nan")
 
+    def described(self) -> float:
+        """Share (%) of reuse events in view or named next to what produced them."""
+        total = self.event_count()
+        return 100.0 * (sum(self.hits.values()) + self.named_with_call) / total if total else float("nan")
+
     def recall_after_restores(self) -> float:
         """Share (%) of reuse events in view once the oracle's restores are answered."""
         total = self.event_count()
@@ -290,7 +344,7 @@ class VariantStats:
             "usage": {k: vars(v) for k, v in self.usage.items()},
             "needs_management": self.needs_management, "summary_calls": self.summary_calls,
             "appends": self.appends, "rerenders": self.rerenders, "named": self.named,
-            "restores": self.restores, "restore_rounds": self.restore_rounds,
+            "named_with_call": self.named_with_call, "restores": self.restores, "restore_rounds": self.restore_rounds,
             "hits_after_restores": self.hits_after_restores,
         }
 
@@ -301,7 +355,7 @@ class VariantStats:
                      "input_max", "latency_ms", "needs_management", "summary_calls"):
             setattr(stats, name, data[name])
         # Raw files written before the stable policy (appends, rerenders) or before reachability lack them.
-        for name in ("appends", "rerenders", "named", "restores", "restore_rounds", "hits_after_restores"):
+        for name in ("appends", "rerenders", "named", "named_with_call", "restores", "restore_rounds", "hits_after_restores"):
             setattr(stats, name, data.get(name, 0))
         stats.usage = {k: Usage(**v) for k, v in data["usage"].items()}
         return stats

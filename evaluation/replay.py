@@ -27,7 +27,9 @@ from contextrender_eval.evaluate import (
     VariantStats,
     age_bin,
     cost_summary,
+    call_arguments,
     named_handles,
+    named_with_call,
     percentile,
     result_handles,
     reuse_events,
@@ -121,6 +123,7 @@ class Replayer:
         originals = {m["tool_call_id"]: m.get("content") for m in messages if m.get("role") == "tool"}
         texts = {content_text(m.get("content")) for m in messages if m.get("role") != "tool"}
         handles = result_handles(messages)
+        calls = call_arguments(messages)
         by_turn: dict[int, list] = defaultdict(list)
         for event in reuse_events(messages):
             by_turn[event.turn].append(event)
@@ -169,7 +172,7 @@ class Replayer:
                 if managed:
                     stats.latency_ms.append(result.render_ms)
                 if events:
-                    restored = self._reach(engine, session_of[variant], variant, result, events, originals, texts, handles)
+                    restored = self._reach(engine, session_of[variant], variant, result, events, originals, texts, handles, calls)
                     if restored and variant in own:
                         self._restore_round(engine, session_of[variant], result, restored, handles, caches[variant], use)
                         stats.restores += len(restored)
@@ -188,12 +191,14 @@ class Replayer:
         shutil.rmtree(store, ignore_errors=True)
 
     def _reach(self, engine: Any, session: str, variant: Variant, result: Any, events: list, originals: dict,
-               texts: set[str], handles: dict[str, str]) -> list[str]:
+               texts: set[str], handles: dict[str, str], calls: dict[str, str]) -> list[str]:
         """Counts each reuse event of this turn as in view, one restore away or unreachable; returns
         the call ids one restore away (each once, in event order): what the oracle restores."""
         stats = self.stats[variant]
         visible = visible_results(result.messages, originals)
-        named = named_handles(result.messages, originals, texts) if any(e.call_id not in visible for e in events) else set()
+        hidden = any(e.call_id not in visible for e in events)
+        named = named_handles(result.messages, originals, texts) if hidden else set()
+        described = named_with_call(result.messages, originals, texts, calls, handles) if hidden else set()
         away: list[str] = []
         for event in events:
             name = age_bin(event.age)
@@ -202,6 +207,7 @@ class Replayer:
                 stats.hits[name] += 1
             elif handles.get(event.call_id) in named:
                 stats.named += 1
+                stats.named_with_call += int(event.call_id in described)
                 if event.call_id not in away:
                     away.append(event.call_id)
         return away
@@ -271,7 +277,7 @@ def summarise(stats: dict[Variant, VariantStats], prices: Prices = Prices()) -> 
                 "latency_p50_ms": percentile(v.latency_ms, 50), "latency_p95_ms": percentile(v.latency_ms, 95),
                 "summary_calls": v.summary_calls,
                 "rerender_share": v.rerenders / v.managed if v.managed else 0.0,
-                "reachable": v.reachable(), "named": v.named,
+                "reachable": v.reachable(), "named": v.named, "described": v.described(),
                 "recall_after_restores": v.recall_after_restores() if v.oracle else float("nan"),
                 "restores": v.restores, "restore_rounds": v.restore_rounds,
             }
@@ -288,7 +294,8 @@ def _fmt(value: Any, digits: int = 1) -> str:
 
 TABLE_COLUMNS = (
     ("selector", "selector", 0), ("B", "budget", 0), ("recall %", "recall", 1),
-    ("in view or 1 restore %", "reachable", 1), ("after restores %", "recall_after_restores", 1),
+    ("in view or 1 restore %", "reachable", 1), ("in view or named with its call %", "described", 1),
+    ("after restores %", "recall_after_restores", 1),
     ("restores", "restores", 0), ("events", "events", 0),
     ("<=3", "<=3", 1), ("4-10", "4-10", 1), ("11-25", "11-25", 1), (">25", ">25", 1),
     ("hist mean", "history_mean", 0), ("hist max", "history_max", 0), ("max/B", "history_max_over_budget", 2),

@@ -15,7 +15,9 @@ from contextrender_eval.evaluate import (
     cost_cached,
     cost_eq3,
     cost_summary,
+    call_arguments,
     named_handles,
+    named_with_call,
     percentile,
     result_handles,
     reuse_events,
@@ -94,6 +96,30 @@ def test_a_handle_counts_as_named_only_in_text_contextrender_wrote():
     ]
     # r4 is part of a file name, not a handle.
     assert named_handles(rendered, originals, texts) == {"r1", "r2", "r3", "r5"}
+
+
+def test_named_with_its_call_is_a_stub_in_place_or_a_handle_followed_by_a_word_of_its_arguments():
+    messages = [
+        user("q"),
+        assistant(None, call("a", "bash", {"command": "cat src/alpha.py"})), tool("a", "ALPHA"),
+        assistant(None, call("b", "bash", {"command": "cat src/beta.py"})), tool("b", "BETA"),
+        assistant(None, call("c", "bash", {"command": "pytest tests/test_gamma.py"})), tool("c", "GAMMA"),
+        assistant(None, call("d", "bash", {"command": "ls docs"})), tool("d", "DELTA"),
+    ]
+    originals = {m["tool_call_id"]: m["content"] for m in messages if m["role"] == "tool"}
+    texts = {"q"}
+    handles = {"a": "r1", "b": "r2", "c": "r3", "d": "r4"}
+    calls = call_arguments(messages)
+    assert calls["a"] == "cat src/alpha.py"
+    rendered = [
+        # r1 is followed by its own file; r2 only by r3's words (the entry after it is r3's);
+        # r3 by its test file; r4 is a stub in its own place.
+        user("[ContextRender: ... left out]\nbash results: r2 r1 (src/alpha.py) r3 (pytest tests/test_gamma.py)"),
+        messages[7],
+        tool("d", 'this bash result is omitted. call contextrender_restore with handle "r4".'),
+    ]
+    assert named_handles(rendered, originals, texts) == {"r1", "r2", "r3", "r4"}
+    assert named_with_call(rendered, originals, texts, calls, handles) == {"a", "c", "d"}
 
 
 def test_results_are_numbered_in_ingestion_order_once_per_call():

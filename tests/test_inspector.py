@@ -286,8 +286,10 @@ def test_the_inspector_shows_each_result_as_the_forwarded_request_showed_it(brow
                 expected = "stub"
             assert row["status"] == expected, (row, sent.get(call_id, "")[:80])
         statuses = [r["status"] for r in rows]
-        assert statuses.count("folded") >= 1 and statuses.count("stub") >= 1
-        assert forwarded[0]["role"] == "user" and forwarded[0]["content"].startswith("[ContextRender")  # the marker
+        assert statuses.count("folded") >= 1
+        # The task above the marker (which folds what lies between).
+        assert forwarded[0] == messages[0]
+        assert forwarded[1]["role"] == "user" and forwarded[1]["content"].startswith("[ContextRender")  # the marker
         # The tiles count what the model met.
         assert browser.find_element("id", "count-stubbed").text.endswith(str(statuses.count("stub")))
         assert browser.find_element("id", "count-folded-results").text.endswith(str(statuses.count("folded")))
@@ -297,11 +299,11 @@ def test_the_inspector_shows_each_result_as_the_forwarded_request_showed_it(brow
                 assert row["reason"].startswith("folded behind the marker") and "did not fit" not in row["reason"]
             if row["status"] == "stub":
                 assert "stub" in row["reason"]
-        # What the model received: the forwarded history, message by message, the marker first.
+        # What the model received: the forwarded history, message by message, the task and the marker first.
         received = cells(browser, "received")
         history = [m for m in forwarded if m["role"] != "system"]
         assert [r["role"] for r in received] == [m["role"] for m in history]
-        assert received[0]["kind"] == "marker" and forwarded[0]["content"] in received[0]["text"]
+        assert received[1]["kind"] == "marker" and forwarded[1]["content"] in received[1]["text"]
         for r, m in zip(received, history):
             if m["role"] == "tool":
                 assert r["kind"] in ("kept", "stub", "compacted") and m["content"] in r["text"]
@@ -587,7 +589,7 @@ def test_status_code_reads_what_the_model_met_and_expands_back():
             messages = [{"role": "system", "content": "s"}] + sent + [{"role": "tool", "tool_call_id": "restore-1", "content": "x"}]
             index = SimpleNamespace(answered={f"c{r}": r for r in range(results)}, result_event=events,
                                     messages={e: stored[r] for r, e in enumerate(events)})
-            plan = SimpleNamespace(compacted={r: {} for r in range(results) if letters[r] == "c"}, fold_start=fold_start)
+            plan = SimpleNamespace(compacted={r: {} for r in range(results) if letters[r] == "c"}, verbatim_start=lambda: fold_start)
             runs: list[list] = []
             for letter in letters:
                 if runs and runs[-1][0] == letter:

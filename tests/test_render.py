@@ -168,8 +168,37 @@ def test_non_tool_history_beyond_budget_is_folded_with_a_marker(engine):
     result = engine.render("s", messages, budget=budget, **PAPER)
     assert result.folded_messages > 0
     history = history_of(result)
-    assert "oldest messages" in history[0]["content"]
+    # The task (the first user message) above the marker, which folds what lies between.
+    assert history[0] == messages[0] and "oldest messages" in history[1]["content"]
     assert history[-1] == messages[-2]          # the most recent turns stay verbatim
+    assert_sound(result, budget)
+
+
+@pytest.mark.parametrize("budget", [200, 600, 1500])
+def test_the_task_stays_in_view_above_the_marker_charged_to_the_budget(engine, budget):
+    """The first user message (the task) was folded behind the marker, which does not contain it:
+    now it stays, verbatim, above the marker, in every render that folds, charged to B."""
+    messages = folded_session(10) + [user("now run the tests again")]
+    for policy in ("per-call", "stable"):
+        result = engine.render(f"{policy}{budget}", messages, budget=budget, policy=policy)
+        history = history_of(result)
+        assert result.folded_messages > 0
+        assert history[0] == messages[0] and "oldest messages" in history[1]["content"]
+        assert sum(1 for m in history if m == messages[0]) == 1
+        assert_sound(result, budget)
+    # A task larger than its share is cut in the middle to it, with a note; where the share is
+    # too small for that (under TASK_LEAST tokens), folded as before.
+    from engine.plan import TASK_LEAST, TASK_SHARE
+
+    long_task = [user("fix the bug " + filler("t", 400) + " END_OF_TASK")] + messages[1:]
+    result = engine.render(f"long{budget}", long_task, budget=budget)
+    first = str(history_of(result)[0]["content"])
+    assert result.folded_messages > 0 and history_of(result)[0] != long_task[0]
+    if int(budget * 0.15 * TASK_SHARE) >= TASK_LEAST:
+        assert first.startswith("[ContextRender: the first user message (") and "fix the bug" in first and "END_OF_TASK" in first
+        assert TOK.message_tokens(history_of(result)[0]) <= int(budget * 0.15 * TASK_SHARE)
+    else:
+        assert "oldest messages" in first
     assert_sound(result, budget)
 
 
@@ -212,6 +241,59 @@ def test_the_fold_index_names_every_folded_result_it_has_room_for(engine):
     assert_sound(result, budget)
 
 
+def test_the_fold_index_names_each_result_with_what_produced_it_as_far_as_its_share_goes(engine):
+    import re
+
+    messages = folded_session(10)
+    budget = 1500
+    result = engine.render("s", messages, budget=budget, explain=True)
+    text = fold_index_text(result)
+    handles = {d.call_id: d.handle for d in result.decisions}
+    folded = [f"c{i}" for i in range(10) if 2 * i + 2 < result.folded_messages]
+    shown = {m.get("tool_call_id") for m in result.messages if m["role"] == "tool"}
+    assert folded
+    # Every folded result is named; the newest one with its call's command, in its entry.
+    for call_id in folded:
+        if call_id not in shown:
+            assert re.search(rf"(?<!\w){handles[call_id]}(?!\w)", text), (call_id, text)
+    newest = folded[-1]
+    assert f" {handles[newest]} (pytest tests/t{newest[1:]}" in text
+    wide = fold_index_text(engine.render("w", messages, budget=budget, fold_index_label=40))
+    assert f" {handles[newest]} (pytest tests/t{newest[1:]}.py)" in wide
+    # Within the index's share of B.
+    assert TOK.count(text) <= int(budget * 0.08) + 8
+    bare = engine.render("t", messages, budget=budget, fold_index_label=0)
+    assert "(pytest" not in fold_index_text(bare) and f" {handles[newest]}" in fold_index_text(bare)
+    assert_sound(result, budget)
+
+
+def test_the_marker_says_how_to_find_a_folded_result_unless_no_restore_tool_is_offered():
+    from engine.notices import FOLD_QUERY_HINT, RESTORE_TOOL, fold_marker, without_restore_tool
+
+    for budget in (200, 700, 6000):
+        marker = fold_marker(budget)["content"]
+        assert FOLD_QUERY_HINT in marker and f"call {RESTORE_TOOL} with a query" in marker
+        assert RESTORE_TOOL not in without_restore_tool(marker)
+        assert without_restore_tool(marker).endswith("when relevant.]")
+    # Below 200 tokens of B the marker alone would take most of it.
+    assert FOLD_QUERY_HINT not in fold_marker(120)["content"]
+
+
+def test_the_distinguishing_argument_of_a_call():
+    import json
+
+    from engine.notices import call_label, index_entry
+
+    assert call_label(json.dumps({"command": "cd /testbed && cat src/a.py"}), 40) == "cat src/a.py"
+    assert call_label(json.dumps({"view_range": [1, 9], "path": "src/b.py"}), 40) == "src/b.py"
+    assert call_label(json.dumps({"reservation_id": "ZFA04Y", "note": "x"}), 40) == "ZFA04Y"
+    assert call_label(json.dumps({"command": "cat > x.py << EOF\nimport os\nEOF"}), 40) == "cat > x.py << EOF"
+    assert call_label(json.dumps({"command": "grep -rn pattern " + "d/" * 40}), 16) == "grep -rn patter…"
+    assert call_label("ls -la", 40) == "ls -la" and call_label("", 40) == ""
+    assert index_entry("r3", json.dumps({"command": "ls"}), 40) == "r3 (ls)"
+    assert index_entry("r3", json.dumps({"command": "ls"}), 0) == "r3" == index_entry("r3", "{}", 40)
+
+
 def test_the_fold_index_follows_the_marker_and_the_folded_results_it_keeps(engine):
     from engine.notices import fold_marker
 
@@ -221,12 +303,12 @@ def test_the_fold_index_follows_the_marker_and_the_folded_results_it_keeps(engin
     history = history_of(result)
     # The marker stays the constant one: a fold that moves changes the index, not the marker
     # or the selected results of folded turns after it (the prefix the provider cached).
-    assert history[0] == fold_marker(budget)
+    assert history[0] == messages[0] and history[1] == fold_marker(budget)
     at = next(k for k, m in enumerate(history) if m["content"] == fold_index_text(result))
     # c_i's call is at position 1 + 2i: those before the fold's end are folded.
     folded = {f"c{i}" for i in range(10) if 2 * i + 1 < result.folded_messages}
     calls = lambda m: {c["id"] for c in m.get("tool_calls") or []} | ({m["tool_call_id"]} if m["role"] == "tool" else set())
-    assert at > 1 and all(calls(m) and calls(m) <= folded for m in history[1:at])
+    assert at > 2 and all(calls(m) and calls(m) <= folded for m in history[2:at])
     assert all(not calls(m) & folded for m in history[at + 1:])
 
 
@@ -236,7 +318,7 @@ def test_the_fold_index_in_the_marker_when_placed_there(engine):
     budget = 1500
     inside = engine.render("b", folded_session(10), budget=budget, fold_index_place="marker")
     assert fold_index_text(inside) == ""
-    marker = history_of(inside)[0]["content"]
+    marker = history_of(inside)[1]["content"]
     assert marker.startswith(fold_marker(budget)["content"] + "\n" + FOLD_INDEX_HEADING + "\nr")
     assert_sound(inside, budget)
 
@@ -262,12 +344,14 @@ def test_in_the_prose_share_the_index_takes_its_own_size(engine):
                      tool(f"c{i}", f"OUT_{i} " + filler(f"o{i}z", 30))]
     budget = 2250
     plain = engine.render("a", messages, budget=budget, fold_index_share=0.0)
-    named = engine.render("b", messages, budget=budget)
+    named = engine.render("b", messages, budget=budget, fold_index_label=0)
     described = engine.render("c", messages, budget=budget, fold_index_digest=40)
-    # The index is part of the prose share: more turns fold with it; the handles alone take less
-    # of it than the whole share the descriptions fill, so fewer turns fold for them.
-    assert plain.folded_messages < named.folded_messages < described.folded_messages
-    for result in (named, described):
+    labeled = engine.render("d", messages, budget=budget)
+    # The index is part of the prose share: more turns fold with it; the bare handles take less
+    # of it than the whole share the descriptions (or the handles' labels) fill, so fewer turns
+    # fold for them.
+    assert plain.folded_messages < named.folded_messages < described.folded_messages == labeled.folded_messages
+    for result in (named, described, labeled):
         assert fold_index_text(result)
         assert_sound(result, budget)
 
@@ -329,7 +413,7 @@ def test_without_the_fold_index_the_marker_is_the_constant_one(engine):
 
     budget = 1500
     result = engine.render("s", folded_session(10), budget=budget, fold_index_share=0.0)
-    assert result.folded_messages > 0 and history_of(result)[0] == fold_marker(budget)
+    assert result.folded_messages > 0 and history_of(result)[1] == fold_marker(budget)
 
 
 def test_a_single_overlong_recent_message_is_condensed(engine):
@@ -481,7 +565,8 @@ def test_explain_and_last_render_are_the_same_after_a_restart(tmp_path):
 
     (restarted, steady) = (Engine(tmp_path / "restarted"), Engine(tmp_path / "steady"))
     modes = []
-    for messages in _agent_loop(14):
+    # 15 calls: under the defaults the last one re-renders (its reasons are checked below).
+    for messages in _agent_loop(15):
         rendered = restarted.render("s", messages, budget=900)
         # (Another session name: the index cache is keyed by node id, the same in two stores.)
         assert steady.render("t", messages, budget=900).messages == rendered.messages
