@@ -1,4 +1,4 @@
-"""The waits of a new user's first hour, measured as whole processes (issue 31's targets):
+"""The waits of a new user's first hour, measured as whole processes (the first-hour targets, docs/performance.md):
 
 - `contextrender --help`: the first run (Python compiles the command line's modules) and the
   median of the next runs; target <= 1 s.
