@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import ipaddress
 import os
 import time
 from typing import Any
@@ -65,6 +66,36 @@ def header_timeout() -> float:
 
 def max_connections_per_client() -> int:
     return int(_number("CONTEXTRENDER_MAX_CONNECTIONS_PER_CLIENT", DEFAULT_MAX_CONNECTIONS_PER_CLIENT, 0.5))
+
+
+# Names of this machine that are not addresses.
+LOOPBACK_NAMES = {"localhost", "localhost.", "ip6-localhost"}
+
+
+def is_loopback(host: str) -> bool:
+    """Whether `host` (a name or an address, IPv6 with or without brackets) is this machine."""
+    host = host.strip("[]").lower()
+    if host in LOOPBACK_NAMES:
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def replaying(message: dict, receive: Any) -> Any:
+    """An ASGI `receive` that answers the body `message` (read whole before the app) once, then
+    whatever the server sends next (a disconnect)."""
+    replayed = False
+
+    async def replay() -> dict:
+        nonlocal replayed
+        if replayed:
+            return await receive()
+        replayed = True
+        return message
+
+    return replay
 
 
 class BodyRefused(Exception):

@@ -17,7 +17,6 @@ fetched from elsewhere) reads three read-only endpoints, in jac-scale's answer e
 
 from __future__ import annotations
 
-import ipaddress
 from pathlib import Path
 from typing import Any, Literal
 
@@ -26,6 +25,7 @@ from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, Redirect
 from starlette.concurrency import run_in_threadpool
 
 from contextrender.endpoints import ENDPOINTS
+from contextrender.limits import is_loopback
 
 __all__ = ["PREFIX", "READ_ENDPOINTS", "page", "asset", "proxy_router", "server_routes"]
 
@@ -34,7 +34,6 @@ STATIC = Path(__file__).resolve().with_name("static")
 ASSETS = {"inspector.js": "text/javascript", "inspector.css": "text/css"}
 # The endpoints the page reads (none of them changes what the model sees).
 READ_ENDPOINTS = ("list_sessions", "inspect_session", "export_graph")
-LOOPBACK_NAMES = {"localhost", "localhost.", "ip6-localhost"}
 # The page's own scripts and styles only, nothing from elsewhere; the graph's SVG is inline.
 CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
        "connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
@@ -56,25 +55,15 @@ def _error(code: str, message: str) -> dict:
     return {"ok": False, "type": "error", "data": None, "error": {"code": code, "message": message}}
 
 
-def _loopback(host: str) -> bool:
-    host = host.strip("[]").lower()
-    if host in LOOPBACK_NAMES:
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
 def loopback_problem(request: Request) -> str:
     """Why the proxy's inspector refuses this request ("" when it does not)."""
     client = request.client.host if request.client else ""
-    if not _loopback(client):
+    if not is_loopback(client):
         return (f"the proxy's inspector answers loopback clients only (it has no login; this client is {client or 'unknown'}): "
                 "open it on the proxy's machine, or through an SSH tunnel")
     named = request.headers.get("host", "")
     hostname = named.rsplit(":", 1)[0] if not named.endswith("]") else named
-    if not _loopback(hostname):
+    if not is_loopback(hostname):
         return f"the proxy's inspector answers requests for a loopback host only (got Host: {named!r}); open http://127.0.0.1:<port>{PREFIX}/"
     return ""
 

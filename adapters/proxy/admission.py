@@ -19,7 +19,6 @@ Refusals are in the protocol's own error shape (the format of the path).
 
 from __future__ import annotations
 
-import ipaddress
 import json
 import logging
 import os
@@ -27,14 +26,11 @@ from collections.abc import Iterable
 from typing import Any
 from urllib.parse import urlsplit
 
-from contextrender.limits import BodyRefused, body_timeout, max_body_bytes, read_body
+from contextrender.limits import BodyRefused, body_timeout, is_loopback, max_body_bytes, read_body, replaying
 
 __all__ = ["Admission", "allowed_origins_setting", "origin_problem"]
 
 log = logging.getLogger("contextrender.proxy")
-
-LOOPBACK_NAMES = {"localhost", "localhost.", "ip6-localhost"}
-
 
 def allowed_origins_setting() -> list[str]:
     """CONTEXTRENDER_ALLOWED_ORIGINS: origins (scheme://host[:port]) allowed beside the loopback."""
@@ -53,12 +49,7 @@ def _loopback_origin(origin: str) -> bool:
         return False
     if parts.scheme not in ("http", "https") or not host:
         return False
-    if host in LOOPBACK_NAMES:
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
+    return is_loopback(host)
 
 
 def origin_problem(origin: str | None, allowed: Iterable[str]) -> str:
@@ -109,13 +100,4 @@ class Admission:
             return
         if body is None:
             return  # the client left before its body was complete: nobody reads an answer
-        replayed = False
-
-        async def replay() -> dict:
-            nonlocal replayed
-            if replayed:
-                return await receive()
-            replayed = True
-            return {"type": "http.request", "body": body, "more_body": False}
-
-        await self.app(scope, replay, send)
+        await self.app(scope, replaying({"type": "http.request", "body": body, "more_body": False}, receive), send)

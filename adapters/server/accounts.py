@@ -36,6 +36,8 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import JSONResponse
 
+from contextrender.limits import replaying
+
 __all__ = ["LoginThrottle", "TokenLedger", "logout_route", "min_password_length", "password_problem", "user_manager_class"]
 
 logger = logging.getLogger("contextrender.server")
@@ -283,16 +285,7 @@ class LoginThrottle:
                 status["code"] = out["status"]
             await send(out)
 
-        replayed = False
-
-        async def replay() -> dict:
-            nonlocal replayed
-            if replayed:
-                return await receive()
-            replayed = True
-            return message
-
-        await self.app(scope, replay, watched)
+        await self.app(scope, replaying(message, receive), watched)
         if status.get("code") == 401:
             for (key, _) in keys:
                 self.record(key, time.time())

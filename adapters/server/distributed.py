@@ -34,7 +34,7 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-from contextrender.server.guard import replaying
+from contextrender.limits import replaying
 
 logger = logging.getLogger("contextrender.distributed")
 

@@ -13,7 +13,7 @@ import threading
 import time
 from typing import Any
 
-from contextrender.limits import BodyRefused, body_timeout, max_body_bytes, read_body
+from contextrender.limits import BodyRefused, body_timeout, max_body_bytes, read_body, replaying
 from contextrender.locks import KeyedLocks
 from contextrender.server.errors import map_walker_error
 
@@ -128,21 +128,6 @@ class ClientWatch:
 
     def stop(self) -> None:
         self._next.cancel()
-
-
-def replaying(message: dict, receive: Any) -> Any:
-    """An ASGI `receive` that answers the body `message` (read whole before the app) once, then
-    whatever the server sends next (a disconnect)."""
-    replayed = False
-
-    async def replay() -> dict:
-        nonlocal replayed
-        if replayed:
-            return await receive()
-        replayed = True
-        return message
-
-    return replay
 
 
 class RequestGuard:
