@@ -35,7 +35,8 @@ _FROM: dict[str, tuple[str, ...]] = {
     "engine.measure": ("get_tokenizer", "get_embedder", "warm_up", "EMBED_CLIP", "DEFAULT_ENCODING"),
     # The restore tool the proxy offers, as its stubs name it; the fold index's opening lines
     # (the integrations tell that notice from the framework's own messages by them).
-    "engine.notices": ("RESTORE_TOOL", "restore_tool", "without_restore_tool", "FOLD_INDEX_HEADING", "FOLD_INDEX_STORED_HEADING"),
+    "engine.notices": ("RESTORE_TOOL", "restore_tool", "without_restore_tool", "FOLD_INDEX_HEADING", "FOLD_INDEX_STORED_HEADING",
+                       "FOLD_MARKER_OPENING"),
     "engine.values": ("recall_tokens",),
     # The assistant normal form and echo matching ingestion uses (the proxy stores and forwards
     # answers in that form).

@@ -72,10 +72,11 @@ def align(originals: list[dict], rendered: list[dict]) -> list[Aligned]:
 
     Tool messages are found by their call id, assistant messages with calls by their first call
     id, other messages by their role and text in order; a text the render cut takes the next
-    original of its role. A user message found nowhere before anything else is the fold marker;
-    one that opens with the fold index's heading is the index (sent apart, after the selected
-    results of folded turns): both are notices the render wrote, with no original."""
-    from contextrender.core import FOLD_INDEX_HEADING, FOLD_INDEX_STORED_HEADING
+    original of its role. A user message that opens as the fold marker does (after the task, which
+    stays above it, or first), or is found nowhere before anything else, is the fold marker; one
+    that opens with the fold index's heading is the index (sent apart, after the selected results of
+    folded turns): both are notices the render wrote, with no original."""
+    from contextrender.core import FOLD_INDEX_HEADING, FOLD_INDEX_STORED_HEADING, FOLD_MARKER_OPENING
 
     index_openings = (FOLD_INDEX_HEADING, FOLD_INDEX_STORED_HEADING)
     tool_at = {m.get("tool_call_id"): i for (i, m) in enumerate(originals) if m.get("role") == "tool"}
@@ -91,6 +92,9 @@ def align(originals: list[dict], rendered: list[dict]) -> list[Aligned]:
             continue
         if role == "user" and isinstance(_text(r), str) and _text(r).startswith(index_openings):
             out.append(Aligned(r, None, False))  # the fold index
+            continue
+        if role == "user" and isinstance(_text(r), str) and _text(r).startswith(FOLD_MARKER_OPENING):
+            out.append(Aligned(r, None, False))  # the fold marker
             continue
         found = None
         first = _first_call(r)

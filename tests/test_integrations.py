@@ -117,3 +117,8 @@ def test_align_tells_the_fold_index_apart_from_the_frameworks_messages():
     ]
     found = [(a.origin, a.same) for a in align(originals, rendered)]
     assert found == [(None, False), (1, True), (2, True), (None, False), (3, True), (4, True), (5, True), (6, True)]
+    # The task kept above the marker: the marker is still a notice, and the rest keep their originals
+    # (it took the next user original's place, and LangChain sent the turns out of order).
+    with_task = [originals[0], *rendered]
+    found = [(a.origin, a.same) for a in align(originals, with_task)]
+    assert found == [(0, True), (None, False), (1, True), (2, True), (None, False), (3, True), (4, True), (5, True), (6, True)]

@@ -114,6 +114,10 @@ const sameText = (a, b) => (a ?? "") === (b ?? "")
 // user message of the render's own, sent apart after the selected results of folded turns.
 const FOLD_INDEX_OPENING = "Results left out with them"
 const isFoldIndex = (text) => typeof text === "string" && text.startsWith(FOLD_INDEX_OPENING)
+// The fold marker opens with this (engine/notices.jac FOLD_MARKER_OPENING): it follows the task,
+// which the render keeps above it, or comes first.
+const FOLD_MARKER_OPENING = "[ContextRender: the oldest messages of this conversation are left out"
+const isFoldMarker = (text) => typeof text === "string" && text.startsWith(FOLD_MARKER_OPENING)
 const callIds = (m) => (m.tool_calls ?? []).map((c) => c.id)
 
 /** The OpenClaw messages for a rendered chat list (messages are copied, never changed in place). */
@@ -141,7 +145,7 @@ export function fromChat(messages, rendered) {
         break
       }
     }
-    if (found < 0 && r.role === "user" && (out.length === 0 || isFoldIndex(textOf(r.content)))) {
+    if (r.role === "user" && (isFoldMarker(textOf(r.content)) || (found < 0 && (out.length === 0 || isFoldIndex(textOf(r.content)))))) {
       // The fold marker (the oldest turns are left out), or the fold index after the folded results kept.
       out.push({ role: "user", content: textOf(r.content), timestamp: messages[0]?.timestamp ?? Date.now() })
       continue

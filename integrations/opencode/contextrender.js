@@ -33,6 +33,10 @@ const RESTORE_TOOL = "contextrender_restore"
 // user message of the render's own, sent apart after the selected results of folded turns.
 const FOLD_INDEX_OPENING = "Results left out with them"
 const isFoldIndex = (content) => typeof content === "string" && content.startsWith(FOLD_INDEX_OPENING)
+// The fold marker opens with this (engine/notices.jac FOLD_MARKER_OPENING):
+// it follows the task, which the render keeps above it, or comes first.
+const FOLD_MARKER_OPENING = "[ContextRender: the oldest messages of this conversation are left out"
+const isFoldMarker = (content) => typeof content === "string" && content.startsWith(FOLD_MARKER_OPENING)
 const RESTORE_DESCRIPTION =
   "Show again, complete, a tool result that ContextRender left out of this conversation " +
   "to fit its history budget. The placeholder that stands for the result names its handle."
@@ -114,9 +118,9 @@ function applyRender(messages, rendered) {
         break
       }
     }
-    if (found < 0 && r.role === "user" && (out.length === 0 || isFoldIndex(r.content))) {
+    if (r.role === "user" && (isFoldMarker(r.content) || (found < 0 && (out.length === 0 || isFoldIndex(r.content))))) {
       // The fold marker (older turns left out), or the fold index after the folded results kept.
-      out.push(marker(messages, r.content, out.length === 0 ? "contextrender" : "contextrender-index"))
+      out.push(marker(messages, r.content, isFoldIndex(r.content) ? "contextrender-index" : "contextrender"))
       continue
     }
     if (found < 0) found = origin.findIndex((o, k) => k >= next && o.entry.role === r.role) // a cut text
