@@ -66,6 +66,12 @@ def agents_tools(sent: dict) -> dict:
     return without_restore_tool(sent, tool_definition(), "input")
 
 
+def assistant_texts(items: list[dict]) -> set[str]:
+    """The text of every assistant message item the client sent."""
+    return {"".join(p.get("text", "") for p in i["content"] if isinstance(p, dict)) if isinstance(i.get("content"), list)
+            else str(i.get("content")) for i in items if i.get("role") == "assistant"}
+
+
 def check_forwarded(instructions: str, items: list[dict], request: dict, sent: dict) -> int:
     """What every managed Responses request must satisfy; returns the number of items it changed
     (stubs, the fold marker and its index, shortened assistant prose)."""
@@ -85,12 +91,16 @@ def check_forwarded(instructions: str, items: list[dict], request: dict, sent: d
             stubs += 1
             continue
         if item.get("role") == "assistant":
-            # Prose shortened to its share of B; its reasoning items are not sent with it.
-            assert item == {"role": "assistant", "content": item["content"]} and SHORTENED.search(item["content"]), item
+            # Prose shortened to its share of B, or whole where the turn's calls are not shown with it;
+            # its reasoning items are not sent with it.
+            assert item == {"role": "assistant", "content": item["content"]}, item
+            assert SHORTENED.search(item["content"]) or item["content"] in assistant_texts(items), item
         else:
-            # The fold marker, or the fold index after it (a user message of its own).
+            # The task cut to its share above the marker, the fold marker, or the fold index after it
+            # (a user message of its own).
             assert item == {"role": "user", "content": item["content"]}, item
-            assert item["content"].startswith(("[ContextRender: the oldest", FOLD_INDEX_HEADING)), item
+            assert item["content"].startswith(("[ContextRender: the first user message", "[ContextRender: the oldest",
+                                               FOLD_INDEX_HEADING)), item
         stubs += 1
     assert sent["input"][-1] == items[-1]
     return stubs
