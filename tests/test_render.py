@@ -202,6 +202,48 @@ def test_the_task_stays_in_view_above_the_marker_charged_to_the_budget(engine, b
     assert_sound(result, budget)
 
 
+@pytest.mark.parametrize("budget", [300, 600, 1500])
+def test_the_latest_user_message_stays_in_view_through_a_fold(engine, budget):
+    """An agent loop that ends with tool results: the latest user message (the request the model is
+    working on) was folded behind the marker with everything before it. Now it stays, verbatim, in
+    its place after the marker and before the results of its own turn, charged to B."""
+    messages = folded_session(10) + [user("LATEST: now run the whole suite")]
+    messages += [assistant(f"running {i} " + filler(f"l{i}r", 60), call(f"d{i}", "run", {"command": f"pytest -k t{i}"}))
+                 for i in range(1)] + [tool("d0", "DONE_0 " + filler("d0z", 30))]
+    for policy in ("per-call", "stable"):
+        result = engine.render(f"latest-{policy}{budget}", messages, budget=budget, policy=policy)
+        history = history_of(result)
+        assert result.folded_messages > messages.index(messages[-3]), "the fold passed the latest user message"
+        assert history[0] == messages[0] and "oldest messages" in history[1]["content"]
+        assert sum(1 for m in history if m == messages[-3]) == 1
+        latest = history.index(messages[-3])
+        assert all(m["role"] != "tool" or m["tool_call_id"] == "d0" for m in history[latest:]), "only its own turn's results follow it"
+        assert_sound(result, budget)
+
+
+@pytest.mark.parametrize("size", [100, 230])
+def test_a_result_of_the_newest_step_is_shown_not_stubbed(engine, size):
+    """The model's newest call was answered with its stub when its result did not fit what the layout
+    left (a restore answered as an ordinary tool result at B = 600 was one): now a result of the
+    newest step is kept in view, whole when it fits B, else cut in the middle to what B leaves,
+    under a note that names its handle."""
+    budget = 600
+    messages = folded_session(6) + [user("read the big file"), assistant(None, call("big", "read", {"path": "big.txt"})),
+                                     tool("big", "BIG_HEAD " + filler("b", size) + " BIG_TAIL")]
+    result = engine.render(f"newest{size}", messages, budget=budget, policy="per-call", explain=True)
+    shown = next(m for m in result.messages if m.get("tool_call_id") == "big")
+    decision = next(d for d in result.decisions if d.call_id == "big")
+    assert "is omitted to fit" not in str(shown["content"]), shown
+    assert "BIG_HEAD" in shown["content"]
+    assert TOK.count(messages[-1]["content"]) < budget  # larger than B it is compacted to its share (decision 3)
+    if size == 100:
+        assert shown == messages[-1] and decision.status == "kept"
+    else:
+        assert str(shown["content"]).startswith("[ContextRender: compacted from") and "BIG_TAIL" in shown["content"]
+        assert decision.status == "compacted" and "newest step" in decision.reason
+    assert_sound(result, budget)
+
+
 def folded_session(rounds: int) -> list[dict]:
     """Long prose around small results: a small budget folds the oldest turns and their results."""
     messages = [user("fix the bug")]

@@ -182,8 +182,8 @@ def test_a_fork_resets_the_epoch(engine):
 
 def test_hysteresis_keeps_what_the_previous_render_showed(tmp_path):
     """Three equal results, two slots: the first render shows the newer two (b, c). Then the
-    oldest (a) gains a little observed reuse and a new result too large to fit forces a
-    re-render. Without hysteresis the re-render swaps b for a (the paper's per-call choice);
+    oldest (a) gains a little observed reuse and a new result too large to fit (answered, so not
+    the newest step's) forces a re-render. Without hysteresis the re-render swaps b for a (the paper's per-call choice);
     with stickiness it keeps its earlier choice."""
     budget = 740
     settings = dict(w_relevance=0.0, similarity_penalty=0.0, headroom=0.0, cache_value=0.0, prose_share=1.0)
@@ -195,7 +195,8 @@ def test_hysteresis_keeps_what_the_previous_render_showed(tmp_path):
             messages += [assistant(None, call(name, "read", {})), tool(name, f"{name.upper()}_VALUE_1111 " + filler(name, 140))]
         first = engine.render("s", messages, budget=budget, stickiness=stickiness, explain=True, **settings)
         assert_sound(first, budget)
-        messages += [assistant("A_VALUE_1111 it is", call("d", "dump", {})), tool("d", filler("d", 320))]
+        # (The model answers after it: a result of the newest step would be kept in view anyway.)
+        messages += [assistant("A_VALUE_1111 it is", call("d", "dump", {})), tool("d", filler("d", 320)), assistant("ok"), user("next")]
         later = engine.render("s", messages, budget=budget, stickiness=stickiness, explain=True, **settings)
         assert_sound(later, budget)
         assert later.mode == "re-render" and "exceed the budget" in later.mode_reason
