@@ -197,6 +197,10 @@ def test_the_task_stays_in_view_above_the_marker_charged_to_the_budget(engine, b
     if int(budget * 0.15 * TASK_SHARE) >= TASK_LEAST:
         assert first.startswith("[ContextRender: the first user message (") and "fix the bug" in first and "END_OF_TASK" in first
         assert TOK.message_tokens(history_of(result)[0]) <= int(budget * 0.15 * TASK_SHARE)
+        # Its note names the handle that restores it whole.
+        assert 'call contextrender_restore with handle "u0"' in first
+        restored = engine.restore(f"long{budget}", "u0")
+        assert restored.message == long_task[0] and restored.tool_name == "user" and not restored.recorded
     else:
         assert "oldest messages" in first
     assert_sound(result, budget)

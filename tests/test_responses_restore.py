@@ -35,12 +35,14 @@ def read_file_text(path: str) -> str:
 
 
 def output_of(bodies: list[dict], call_id: str) -> str:
-    """The complete output of `call_id` as the agent first sent it."""
-    return next(i["output"] for body in bodies for i in body["input"]
-                if i.get("type") == "function_call_output" and i["call_id"] == call_id)
+    """The complete output of `call_id` as the agent's read_file tool gave it (the forwarded
+    requests may show it cut: a result of the newest step larger than what B leaves)."""
+    called = next(i for body in bodies for i in body["input"] if i.get("type") == "function_call" and i["call_id"] == call_id)
+    return read_file_text(json.loads(called["arguments"])["path"])
 
 
 def stub_call(body: dict, handle: str) -> str:
+    """The call whose output, a stub or cut, names `handle`."""
     return next(i["call_id"] for i in body["input"] if i.get("type") == "function_call_output" and f'handle "{handle}"' in i["output"])
 
 

@@ -110,6 +110,8 @@ def test_restore_answers_the_complete_result_and_records_the_edge(engine):
 @pytest.mark.parametrize("handle, error, fragment", [
     ("r99", UnknownResult, "no tool result 'r99'"),
     ("p3", UnknownResult, "no tool result 'p3'"),  # derived handles name only results stored before handles
+    ("u1", UnknownResult, "no user message at position 1"),  # a user message's handle names a user message
+    ("u999", UnknownResult, "no user message at position 999"),
     ("7", InvalidRequest, "such as 'r17'"),
     ("r7; drop", InvalidRequest, "such as 'r17'"),
     ("", InvalidRequest, "such as 'r17'"),

@@ -268,3 +268,22 @@ def test_bad_policy_settings_are_rejected(engine, name, value):
 
     with pytest.raises(InvalidRequest, match=name):
         engine.render("s", [user("hi")], budget=500, **{name: value})
+
+
+def test_an_append_keeps_the_latest_user_message_its_previous_request_pinned(engine):
+    """A render that folded past the latest user message kept it in view after the marker; the
+    requests that append to it keep it there, even once a newer user message is in the history
+    (which an append shows verbatim after the previous request)."""
+    budget = 1500
+    messages = [user("fix the bug"), user("LATEST: now make the tests pass")]
+    for i in range(12):
+        messages += [assistant(f"step {i} " + filler(f"p{i}q", 40), call(f"c{i}", "run", {"command": f"t{i}"})),
+                     tool(f"c{i}", f"OUT_{i} " + filler(f"o{i}z", 30))]
+    first = engine.render("s", messages, budget=budget)
+    assert first.folded_messages > 1 and messages[1] in first.messages, [m.get("content") for m in first.messages][:4]
+    later = messages + [assistant("tests pass"), user("NEWER: and the docs?"), assistant(None, call("d", "ls", {})), tool("d", "a.md")]
+    again = engine.render("s", later, budget=budget)
+    assert_sound(again, budget)
+    assert again.mode == "append", again.mode_reason
+    assert again.messages[:len(first.messages)] == first.messages
+    assert later[-3] in again.messages  # the newer user message, verbatim after the previous request
