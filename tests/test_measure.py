@@ -54,6 +54,33 @@ def test_cut_middle_respects_the_limit_and_keeps_both_ends(limit):
     assert cut_middle("short", limit, TOK) == "short"
 
 
+def test_cut_middle_cuts_a_text_once_per_limit_and_encoding():
+    """A render cuts the same task to the same share at every request: the second cut is the
+    first one's text, without tokenising the text again; another limit or encoding is cut anew."""
+    from engine.measure import Tokenizer
+
+    text = "TASK " + " ".join(f"step{i}" for i in range(2000)) + " DONE"
+    counted = Tokenizer(encoding=TOK.encoding, scale=TOK.scale, _enc=TOK._enc)
+    encoded: list[str] = []
+
+    class Encoder:
+        def encode_ordinary(self, value):
+            encoded.append(value)
+            return TOK._enc.encode_ordinary(value)
+
+        def decode(self, ids):
+            return TOK._enc.decode(ids)
+
+    counted._enc = Encoder()
+    first = cut_middle(text, 321, counted)
+    assert text in encoded
+    encoded.clear()
+    assert cut_middle(text, 321, counted) == first == cut_middle(text, 321, TOK)
+    assert text not in encoded
+    assert cut_middle(text, 123, counted) != first and text in encoded
+    assert TOK.count(cut_middle(text, 123, counted)) <= 123
+
+
 def test_thinking_counts_its_text_and_other_parts_a_flat_price():
     thinking = {"type": "thinking", "thinking": "First check the failing assertion.", "signature": "c2ln" * 100}
     message = {"role": "assistant", "content": [thinking, {"type": "text", "text": "Done."}, {"type": "redacted_thinking", "data": "x" * 900}]}
