@@ -504,6 +504,7 @@ def test_the_log_is_stored_as_one_text_and_a_log_stored_as_a_list_is_kept(tmp_pa
     a node field by field at each load and commit): the log is one JSON text. A session stored
     with the list shows it, and its next render moves it to the text."""
     from contextrender import Engine
+    from walkers.renderlog import log_text
 
     store = tmp_path / "store"
     engine = Engine(store)
@@ -512,11 +513,11 @@ def test_the_log_is_stored_as_one_text_and_a_log_stored_as_a_list_is_kept(tmp_pa
     before = engine.inspect("old")["renders"]
     engine.close()
     stored: dict = {}
-    _with_session(store, "old", lambda s: stored.update(text=s.render_log, listed=list(s.renders)))
+    _with_session(store, "old", lambda s: stored.update(text=log_text(s), listed=list(s.renders)))
     assert stored["listed"] == [] and [e["n"] for e in json.loads(stored["text"])] == [1, 2, 3]
 
     def as_list(session) -> None:
-        (session.renders, session.render_log) = (json.loads(session.render_log), "")
+        (session.renders, session.render_log) = (json.loads(log_text(session)), "")
 
     _with_session(store, "old", as_list)
     engine = Engine(store)
@@ -525,7 +526,7 @@ def test_the_log_is_stored_as_one_text_and_a_log_stored_as_a_list_is_kept(tmp_pa
     after = engine.inspect("old")["renders"]
     assert after[:3] == before and after[-1]["n"] == 4 and after[-1]["budget"] == 2000
     engine.close()
-    _with_session(store, "old", lambda s: stored.update(text=s.render_log, listed=list(s.renders)))
+    _with_session(store, "old", lambda s: stored.update(text=log_text(s), listed=list(s.renders)))
     assert stored["listed"] == [] and [e["n"] for e in json.loads(stored["text"])] == [1, 2, 3, 4]
 
 
@@ -535,14 +536,14 @@ def test_the_log_text_is_written_from_its_kept_entries_and_read_again_when_anoth
     text is still json.dumps of the entries, and a text some other process wrote (the index in
     this process's cache unchanged) is read again, not overwritten with the kept copy."""
     from contextrender import Engine
-    from walkers.renderlog import RENDER_LOG
+    from walkers.renderlog import RENDER_LOG, log_text
 
     store = tmp_path / "store"
     engine = Engine(store)
     for i in range(RENDER_LOG + 2):
         engine.render("kept", reads(2), budget=1000 + i)
     stored: dict = {}
-    _with_session(store, "kept", lambda s: stored.update(text=s.render_log))
+    _with_session(store, "kept", lambda s: stored.update(text=log_text(s)))
     entries = json.loads(stored["text"])
     assert stored["text"] == json.dumps(entries) and [e["n"] for e in entries] == list(range(3, RENDER_LOG + 3))
 
@@ -551,12 +552,45 @@ def test_the_log_text_is_written_from_its_kept_entries_and_read_again_when_anoth
 
     _with_session(store, "kept", rewrite)
     engine.render("kept", reads(2), budget=5000)
-    _with_session(store, "kept", lambda s: stored.update(text=s.render_log))
+    _with_session(store, "kept", lambda s: stored.update(text=log_text(s)))
     after = json.loads(stored["text"])
     assert stored["text"] == json.dumps(after)
     assert [e["n"] for e in after] == [1003, 1004, 1005, 1006, 1007, 1008] and after[-1]["budget"] == 5000
     assert engine.inspect("kept")["renders"][-1]["n"] == 1008
     engine.close()
+
+
+def test_the_log_is_stored_packed_and_a_log_stored_as_plain_text_is_read_and_packed_at_the_next_render(tmp_path):
+    """The log's JSON text is stored compressed (jaclang passes over the Session's fields about
+    seven times a call, and the proxy's every request loads it twice): the stored field is a
+    fraction of the text, which it gives back exactly. A session stored with the plain text
+    (before the log was packed) shows the same log, and its next render stores it packed."""
+    from contextrender import Engine
+    from walkers.renderlog import PACKED_LOG, RENDER_LOG, log_text
+
+    store = tmp_path / "store"
+    engine = Engine(store)
+    for i in range(RENDER_LOG):
+        engine.render("packed", reads(2), budget=1000 + i)
+    shown = engine.inspect("packed")["renders"]
+    engine.close()
+    stored: dict = {}
+    _with_session(store, "packed", lambda s: stored.update(field=s.render_log, text=log_text(s)))
+    before = json.loads(stored["text"])
+    assert stored["field"].startswith(PACKED_LOG) and len(stored["field"]) * 4 < len(stored["text"])
+    assert stored["text"] == json.dumps(before) and [e["n"] for e in before] == list(range(1, RENDER_LOG + 1))
+
+    def as_plain(session) -> None:  # as a session stored before the log was packed
+        session.render_log = json.dumps(before)
+
+    _with_session(store, "packed", as_plain)
+    engine = Engine(store)
+    assert engine.inspect("packed")["renders"] == shown
+    engine.render("packed", reads(2), budget=5000)
+    engine.close()
+    _with_session(store, "packed", lambda s: stored.update(field=s.render_log, text=log_text(s)))
+    after = json.loads(stored["text"])
+    assert stored["field"].startswith(PACKED_LOG) and after[:-1] == before[1:] and after[-1]["budget"] == 5000
 
 
 def test_status_code_reads_what_the_model_met_and_expands_back():
