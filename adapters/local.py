@@ -69,6 +69,7 @@ class Engine(EndpointMethods):
         connection = sqlite3.connect(path, check_same_thread=False)
         connection.execute("PRAGMA journal_mode=WAL")
         connection.execute("SELECT count(*) FROM sqlite_master").fetchone()
+        self._keepalive_path = path
         return connection
 
     def warm_up(self) -> None:
@@ -80,6 +81,7 @@ class Engine(EndpointMethods):
     def close(self) -> None:
         """Release the store (the engine's calls still work after it, only slower)."""
         if self._keepalive is not None:
+            store.release(self._keepalive_path)
             self._keepalive.close()
             self._keepalive = None
 

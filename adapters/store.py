@@ -18,6 +18,11 @@ in-process Engine, adapters/local.py, both answer it with `SharedSqliteStore`):
   contents (the result's text, the session's system prompt and render log) deserialised and
   serialised again each time. Here the same merge is made on the row's JSON, for a node stored in
   the current format of its class; the row written is byte for byte jaclang's (tests/test_store.py).
+- **Connections reused.** jaclang opens a connection for each execution context (each Engine call,
+  each server request) and closes it with the context: connect, two PRAGMAs, the schema check and
+  the aliases, then close, about 0.3-0.5 ms a call. Here a closed context's idle connection (no
+  transaction open) is kept, a few per file, for the next context on the same file, if the file is
+  still the one it opened (not deleted or replaced); `release` closes them (`Engine.close`).
 - **No write to open the store.** jaclang's open runs four `CREATE TABLE IF NOT EXISTS` and
   writes its schema version at every connection (a new connection per server request): a write
   that waits on any other call's commit, made by calls that only read. Here the schema is created
@@ -34,6 +39,7 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
+import threading
 from datetime import datetime, timezone
 from typing import Any
 from uuid import UUID
@@ -51,7 +57,7 @@ from jaclang.runtimelib.serializer import Serializer  # noqa: E402
 from jaclang.runtimelib.typecache import get_field_types  # noqa: E402
 
 
-__all__ = ["OneCommitMemory", "SharedSqliteStore", "StorePlugin", "busy_timeout", "install"]
+__all__ = ["OneCommitMemory", "SharedSqliteStore", "StorePlugin", "busy_timeout", "install", "release"]
 
 DEFAULT_BUSY_TIMEOUT = 120.0
 # jaclang's insert of a whole row (SqliteMemory._merge_write, its branch for a row not stored yet).
@@ -61,6 +67,42 @@ _INSERT = """
     VALUES (?, ?, ?, ?, ?, ?, ?, ?)
 """
 _TABLES = ("anchors", "anchors_quarantine", "schema_meta", "aliases")
+# Idle connections kept per file (a context uses one at a time: one per thread that calls at once).
+MAX_IDLE = 4
+# path -> [(connection, the file's (device, inode) when it was opened)], and their lock.
+_idle: dict[str, list[tuple[sqlite3.Connection, tuple[int, int]]]] = {}
+_idle_lock = threading.Lock()
+
+
+def _file_key(path: str) -> tuple[int, int] | None:
+    try:
+        found = os.stat(path)
+    except OSError:
+        return None
+    return (found.st_dev, found.st_ino)
+
+
+def _idle_connection(path: str) -> sqlite3.Connection | None:
+    """A kept connection to `path` that is still open on the file now at `path` (one to a file
+    deleted or replaced since is closed: it would read and write the old one)."""
+    now = _file_key(path)
+    while True:
+        with _idle_lock:
+            kept = _idle.get(path)
+            if not kept:
+                return None
+            (conn, opened) = kept.pop()
+        if opened == now:
+            return conn
+        conn.close()
+
+
+def release(path: str | os.PathLike[str]) -> None:
+    """Close the idle connections kept for the SQLite file `path`."""
+    with _idle_lock:
+        kept = _idle.pop(str(path), [])
+    for (conn, _) in kept:
+        conn.close()
 
 
 def busy_timeout() -> float:
@@ -92,6 +134,12 @@ class SharedSqliteStore(jac_memory.SqliteMemory):
     def _ensure_connection(self) -> None:
         if self.__conn__ is not None:
             return
+        kept = _idle_connection(self.path)
+        if kept is not None:
+            jac_memory._load_db_aliases(kept)
+            self.__conn__ = kept
+            self._opened = _file_key(self.path)
+            return
         parent = os.path.dirname(self.path)
         if parent:
             os.makedirs(parent, exist_ok=True)
@@ -106,6 +154,20 @@ class SharedSqliteStore(jac_memory.SqliteMemory):
                 jac_memory._create_new_schema(conn)
         jac_memory._load_db_aliases(conn)
         self.__conn__ = conn
+        self._opened = _file_key(self.path)
+
+    def close(self) -> None:
+        """jaclang's close, except that an idle connection (no transaction open) is kept for the
+        next context on this file (MAX_IDLE of them), instead of closed."""
+        conn = self.__conn__
+        opened = getattr(self, "_opened", None)
+        if conn is not None and opened is not None and not conn.in_transaction:
+            with _idle_lock:
+                kept = _idle.setdefault(self.path, [])
+                if len(kept) < MAX_IDLE:
+                    kept.append((conn, opened))
+                    self.__conn__ = None
+        super().close()
 
     def apply(self, changeset: ChangeSet) -> Any:
         """jaclang's `apply` (one BEGIN IMMEDIATE transaction, the stages in order, a failed write
