@@ -1,7 +1,7 @@
 """The proxy's cost per request against a peer's: ContextRender's proxy and ctxkeeper 1.2.0 (PyPI)
 on the same long coding conversations, against the same fake upstream.
 
-    .venv/bin/python benchmarks/peer_proxy_bench.py [--conversations 4] [--budget 6000] [--rounds 2]
+    .venv/bin/python benchmarks/peer_proxy_bench.py [--conversations 4] [--budget 6000] [--rounds 2] [--checkout PATH]
 
 ctxkeeper is installed from PyPI (`pip install ctxkeeper==1.2.0`) into its own venv,
 .cache/ctxkeeper-venv, on first use. On loopback: the fake upstream (contextrender.testing.fake_upstream,
@@ -16,6 +16,9 @@ Per proxy and round it prints: the proxy process's CPU time (user + system, from
 forwarded request, the time in the proxy per request (the round trip through it less the round
 trip straight to the upstream with the body the upstream received, sent right after) p50 and p95,
 and the ratio of ours to ctxkeeper's (target: CPU per request no more than ctxkeeper's).
+
+`--checkout PATH` adds a third proxy, ContextRender from another checkout (run by that checkout's
+.venv), alternated with the two others in every round: a before/after comparison in one run.
 """
 
 from __future__ import annotations
@@ -67,9 +70,10 @@ def cpu_seconds(pid: int) -> float:
     return sum(int(v) for v in fields[11:15]) / os.sysconf("SC_CLK_TCK")
 
 
-def start(name: str, upstream_url: str, port: int, budget: int, state: Path) -> subprocess.Popen:
-    if name == "contextrender":
-        command = [sys.executable, "-m", "contextrender.cli", "proxy", "--upstream", f"{upstream_url}/v1",
+def start(name: str, upstream_url: str, port: int, budget: int, state: Path, checkout: Path | None = None) -> subprocess.Popen:
+    if name != "ctxkeeper":
+        python = str(checkout / ".venv" / "bin" / "python") if name == "checkout" and checkout else sys.executable
+        command = [python, "-m", "contextrender.cli", "proxy", "--upstream", f"{upstream_url}/v1",
                    "--budget", str(budget), "--port", str(port)]
         env = dict(os.environ, CONTEXTRENDER_STORE=str(state))
     else:
@@ -79,12 +83,12 @@ def start(name: str, upstream_url: str, port: int, budget: int, state: Path) -> 
     return subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
 
 
-def replay(name: str, fake: FakeUpstream, budget: int, talks: list[tuple[str, list[dict]]]) -> dict:
+def replay(name: str, fake: FakeUpstream, budget: int, talks: list[tuple[str, list[dict]]], checkout: Path | None = None) -> dict:
     upstream_url = fake.base_url.removesuffix("/v1")
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     with tempfile.TemporaryDirectory(prefix=f"peer-{name}-") as state:
-        proxy = start(name, upstream_url, port, budget, Path(state))
+        proxy = start(name, upstream_url, port, budget, Path(state), checkout)
         try:
             wait_up(f"{url}/v1/models", proxy, timeout=180)
             with httpx.Client(timeout=300) as client:
@@ -124,16 +128,20 @@ def main() -> None:
     parser.add_argument("--conversations", type=int, default=4)
     parser.add_argument("--budget", type=int, default=6000)
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--checkout", type=Path, help="also run ContextRender from this checkout (with its .venv), alternated")
     args = parser.parse_args()
     logging.getLogger("httpx").setLevel(logging.WARNING)
     talks = conversations(args.conversations)
-    figures: dict[str, list[dict]] = {"contextrender": [], "ctxkeeper": []}
+    names = ["contextrender", "ctxkeeper"] + (["checkout"] if args.checkout else [])
+    figures: dict[str, list[dict]] = {name: [] for name in names}
     ctxkeeper_command()
     with FakeUpstream() as fake:
         for round_ in range(1, args.rounds + 1):
-            for name in (("contextrender", "ctxkeeper") if round_ % 2 else ("ctxkeeper", "contextrender")):
+            # Each round starts with the next proxy: each runs first, second and so on in turn.
+            shift = (round_ - 1) % len(names)
+            for name in names[shift:] + names[:shift]:
                 fake.requests.clear()
-                row = replay(name, fake, args.budget, talks)
+                row = replay(name, fake, args.budget, talks, args.checkout)
                 figures[name].append(row)
                 load = os.getloadavg()[0]
                 print(f"round {round_}, {name:13}: {row['requests']} requests, CPU {row['cpu_ms']:6.1f} ms per request, "
@@ -144,6 +152,11 @@ def main() -> None:
     print(f"medians over {args.rounds} rounds, {len(talks)} conversations, B = {args.budget}:")
     print(f"  CPU per forwarded request: ContextRender {cpu[0]:.1f} ms, ctxkeeper {cpu[1]:.1f} ms, ratio {cpu[0] / cpu[1]:.2f}")
     print(f"  time in the proxy p50:     ContextRender {p50[0]:.1f} ms, ctxkeeper {p50[1]:.1f} ms, ratio {p50[0] / p50[1]:.2f}")
+    if args.checkout:
+        other = figures["checkout"]
+        (cpu_b, p50_b) = (statistics.median(r["cpu_ms"] for r in other), statistics.median(r["p50"] for r in other))
+        print(f"  {args.checkout}: CPU per forwarded request {cpu_b:.1f} ms (ratio to ctxkeeper {cpu_b / cpu[1]:.2f}; "
+              f"this checkout / it {cpu[0] / cpu_b:.2f}), time in the proxy p50 {p50_b:.1f} ms")
 
 
 if __name__ == "__main__":
