@@ -17,6 +17,12 @@ forwarded request, the time in the proxy per request (the round trip through it 
 trip straight to the upstream with the body the upstream received, sent right after) p50 and p95,
 and the ratio of ours to ctxkeeper's (target: CPU per request no more than ctxkeeper's).
 
+`--engine-only` leaves HTTP out: the same conversations through an `Engine` in this process, with
+the proxy's two calls per request (the render of the request, then the ingestion of the answer,
+placed after the request's events, with a usage report), and prints the CPU time of each per
+request; with `--checkout`, alternated with the same run in a process of that checkout (its
+.venv, in its folder).
+
 `--checkout PATH` adds a third proxy, ContextRender from another checkout (run by that checkout's
 .venv), alternated with the two others in every round: a before/after comparison in one run.
 """
@@ -76,11 +82,12 @@ def start(name: str, upstream_url: str, port: int, budget: int, state: Path, che
         command = [python, "-m", "contextrender.cli", "proxy", "--upstream", f"{upstream_url}/v1",
                    "--budget", str(budget), "--port", str(port)]
         env = dict(os.environ, CONTEXTRENDER_STORE=str(state))
-    else:
-        command = [str(ctxkeeper_command()), "--upstream", upstream_url, "--host", "127.0.0.1", "--port", str(port),
-                   "--budget", str(budget), "--state-dir", str(state)]
-        env = dict(os.environ)
-    return subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+        # Run in the checkout's folder: jaclang finds the Jac modules of the folder it runs in first.
+        folder = checkout if name == "checkout" and checkout else REPO
+        return subprocess.Popen(command, env=env, cwd=folder, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    command = [str(ctxkeeper_command()), "--upstream", upstream_url, "--host", "127.0.0.1", "--port", str(port),
+               "--budget", str(budget), "--state-dir", str(state)]
+    return subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
 
 
 def replay(name: str, fake: FakeUpstream, budget: int, talks: list[tuple[str, list[dict]]], checkout: Path | None = None) -> dict:
@@ -123,15 +130,62 @@ def replay(name: str, fake: FakeUpstream, budget: int, talks: list[tuple[str, li
             "p50": percentile(in_proxy, 0.5), "p95": percentile(in_proxy, 0.95)}
 
 
+def engine_only(budget: int, talks: list[tuple[str, list[dict]]]) -> dict:
+    """The proxy's Engine calls for each request, in this process: CPU ms per request of each."""
+    from contextrender import Engine
+    from contextrender.core import normal_form
+    from contextrender.proxy.defaults import DEFAULT_SELECTOR
+    from contextrender.proxy.sessions import chain_events
+
+    with tempfile.TemporaryDirectory(prefix="peer-engine-") as state:
+        engine = Engine(state)
+        engine.warm_up()
+        (render, ingest, requests) = (0.0, 0.0, 0)
+        for (tag, messages) in talks:
+            session = f"peer-{tag}"[:200]
+            for j, message in enumerate(messages):
+                if message["role"] != "assistant" or j == 0:
+                    continue
+                sent = [normal_form(m) for m in messages[:j]]
+                began = time.process_time()
+                engine.render(session, sent, budget=budget, selector=DEFAULT_SELECTOR)
+                rendered = time.process_time()
+                answer = normal_form({k: message[k] for k in ("role", "content", "tool_calls") if k in message})
+                engine.ingest(session, [answer], append=True, at=chain_events(sent),
+                              usage={"input_tokens": 1000, "output_tokens": 100, "estimated_input_tokens": 1000})
+                ingest += time.process_time() - rendered
+                render += rendered - began
+                requests += 1
+        engine.close()
+    return {"requests": requests, "render_ms": render * 1000 / requests, "ingest_ms": ingest * 1000 / requests}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--conversations", type=int, default=4)
     parser.add_argument("--budget", type=int, default=6000)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--checkout", type=Path, help="also run ContextRender from this checkout (with its .venv), alternated")
+    parser.add_argument("--engine-only", action="store_true", help="the proxy's Engine calls in this process, no HTTP")
     args = parser.parse_args()
     logging.getLogger("httpx").setLevel(logging.WARNING)
     talks = conversations(args.conversations)
+    if args.engine_only:
+        for round_ in range(1, args.rounds + 1):
+            for name in (["this checkout", "checkout"] if round_ % 2 else ["checkout", "this checkout"]):
+                if name == "checkout" and not args.checkout:
+                    continue
+                if name == "checkout":
+                    child = subprocess.run([str(args.checkout / ".venv" / "bin" / "python"), __file__, "--engine-only", "--rounds", "1",
+                                            "--conversations", str(args.conversations), "--budget", str(args.budget)],
+                                           cwd=args.checkout, capture_output=True, text=True, check=True)
+                    print(f"round {round_}, {args.checkout}: {child.stdout.strip().split(': ', 1)[1]}", flush=True)
+                    continue
+                row = engine_only(args.budget, talks)
+                print(f"round {round_}, {REPO}: {row['requests']} requests, Engine CPU per request {row['render_ms'] + row['ingest_ms']:.2f} ms "
+                      f"(the render {row['render_ms']:.2f}, the answer's ingestion {row['ingest_ms']:.2f})  "
+                      f"(load {os.getloadavg()[0]:.1f})", flush=True)
+        return
     names = ["contextrender", "ctxkeeper"] + (["checkout"] if args.checkout else [])
     figures: dict[str, list[dict]] = {name: [] for name in names}
     ctxkeeper_command()
