@@ -37,7 +37,10 @@ def _selector_list(text: str) -> list[str]:
 def _add_common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--selector", "--selectors", dest="selectors", type=_selector_list, action="extend",
                         help="selector name(s), comma-separated or repeated (default: all registered)")
-    parser.add_argument("--limit", type=int, default=0, help="replay only the first K traces of each file")
+    parser.add_argument("--limit", type=int, default=0, help="replay only the first K traces of each file (of its --part)")
+    parser.add_argument("--part", choices=("all", "train", "held-out"), default="all",
+                        help="which traces of each file: 'train' (even positions: the 1st, 3rd, ...) to choose settings "
+                             "on, 'held-out' (odd positions) to report them on, or all (default)")
     parser.add_argument("--summariser", choices=("llm", "offline"), default="llm",
                         help="for recency-summary and compact: 'llm' needs CONTEXTRENDER_MODEL; 'offline' is the "
                              "labelled extractive stand-in (not an LLM summary)")
@@ -130,17 +133,17 @@ def run_replay(args: argparse.Namespace) -> int:
     if plan is None:
         return 2
     (selectors, settings) = plan
-    traces = load_traces(args.traces, args.limit)
+    traces = load_traces(args.traces, args.limit, args.part)
     variants = [(s, b) for b in args.budgets for s in selectors]
     stats = Replayer(variants, settings=settings, progress=not args.no_progress, oracle=args.oracle_restore).run(traces)
     rows = summarise(stats, _prices(args))
     if args.json:
-        json.dump({"traces": len(traces), "files": args.traces, "limit": args.limit, "settings": settings,
+        json.dump({"traces": len(traces), "files": args.traces, "limit": args.limit, "part": args.part, "settings": settings,
                    "oracle_restore": args.oracle_restore,
                    "prices": vars(_prices(args)), "rows": rows}, sys.stdout, indent=1, default=float)
         print()
     else:
-        print(f"{_traces(len(traces))} from {', '.join(args.traces)}; summariser={args.summariser}, omitted={args.omitted}")
+        print(f"{_traces(len(traces))} from {', '.join(args.traces)} (part {args.part}); summariser={args.summariser}, omitted={args.omitted}")
         print(text_table(rows))
     return 0
 
@@ -160,7 +163,7 @@ def run_sweep(args: argparse.Namespace) -> int:
     for path in files:
         budgets = args.tau_budgets if "tau" in path.stem else args.swe_budgets
         raw = out / "raw" / f"{path.stem}.json"
-        meta = {"file": path.name, "limit": args.limit, "budgets": budgets, "selectors": selectors, "settings": settings}
+        meta = {"file": path.name, "limit": args.limit, "part": args.part, "budgets": budgets, "selectors": selectors, "settings": settings}
         if args.oracle_restore:  # (raw files of plain sweeps stay reusable)
             meta["oracle_restore"] = True
         if args.reuse_raw and raw.exists():
@@ -169,7 +172,7 @@ def run_sweep(args: argparse.Namespace) -> int:
                 datasets[path.stem] = saved
                 print(f"{path.name}: reusing {raw}", file=sys.stderr)
                 continue
-        traces = load_traces([path], args.limit)
+        traces = load_traces([path], args.limit, args.part)
         print(f"{path.name}: {_traces(len(traces))}, budgets {budgets}, {len(selectors)} selectors", file=sys.stderr)
         stats = Replayer([(s, b) for b in budgets for s in selectors], settings=settings,
                          progress=not args.no_progress, oracle=args.oracle_restore).run(traces)

@@ -45,12 +45,23 @@ def registered_selectors() -> dict[str, Any]:
     return SELECTORS
 
 
-def load_traces(paths: Iterable[str | os.PathLike[str]], limit: int = 0) -> list[dict]:
-    """Traces of each file (the first `limit` of each when limit > 0), tagged with `dataset`."""
+"""The halves of each trace file `--part` chooses from: settings are chosen on `train` (the traces at
+even positions of each file: the 1st, 3rd, ...) and reported on `held-out` (the odd positions),
+which nothing was tuned on; `all` is every trace."""
+PARTS = ("all", "train", "held-out")
+
+
+def load_traces(paths: Iterable[str | os.PathLike[str]], limit: int = 0, part: str = "all") -> list[dict]:
+    """Traces of each file in `part` (PARTS), the first `limit` of them when limit > 0, tagged with
+    `dataset`."""
+    if part not in PARTS:
+        raise ValueError(f"part must be one of {', '.join(PARTS)} (got {part!r})")
     traces: list[dict] = []
     for path in paths:
         with open(path) as f:
             rows = [json.loads(line) for line in f if line.strip()]
+        if part != "all":
+            rows = rows[0 if part == "train" else 1::2]
         for trace in rows[:limit] if limit > 0 else rows:
             trace["dataset"] = Path(path).stem
             traces.append(trace)

@@ -190,3 +190,16 @@ def test_serve_relays_jac_starts_lines_without_its_banner_and_notes_a_moved_port
     err = capsys.readouterr().err
     assert moved == ["8000"]
     assert err == "WARNING - something the operator should see\n"
+
+
+def test_load_traces_parts_split_each_file_in_two_halves(tmp_path):
+    path = tmp_path / "t.jsonl"
+    path.write_text("".join(json.dumps({"id": f"t{k}", "messages": []}) + "\n" for k in range(5)))
+    ids = lambda part, limit=0: [t["id"] for t in load_traces([path], limit, part)]
+    assert ids("train") == ["t0", "t2", "t4"]
+    assert ids("held-out") == ["t1", "t3"]
+    assert ids("all") == [f"t{k}" for k in range(5)]
+    assert ids("held-out", 1) == ["t1"]                  # the limit counts within the part
+    assert sorted(ids("train") + ids("held-out")) == ids("all")
+    with pytest.raises(ValueError, match="held-out"):
+        load_traces([path], 0, "test")
