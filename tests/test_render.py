@@ -313,6 +313,28 @@ def test_the_fold_index_names_each_result_with_what_produced_it_as_far_as_its_sh
     assert_sound(result, budget)
 
 
+def test_an_index_the_prose_share_cannot_hold_takes_the_headroom_not_the_results_room(engine):
+    """fold_index_room "spill" (the default): the index is charged to the prose share as far as the
+    share holds it; once the fold has folded all it can and the marker, the task and the index
+    still overfill the share, the index's overflow comes from B beyond the re-render's cap, not
+    from the results. With "prose" it came from the results: one complete result fewer here."""
+    messages = folded_session(10) + [user("now run the tests again")]
+    budget = 3000
+
+    def complete(result) -> int:
+        return sum(1 for m in history_of(result) if m["role"] == "tool" and "omitted to fit" not in str(m["content"]))
+
+    prose = engine.render("prose", messages, budget=budget, fold_index_room="prose")
+    spill = engine.render("spill", messages, budget=budget, fold_index_room="spill")
+    default = engine.render("default", messages, budget=budget)
+    assert prose.folded_messages == spill.folded_messages > 0
+    assert fold_index_text(spill) and fold_index_text(spill) == fold_index_text(prose)
+    assert complete(spill) == complete(prose) + 1
+    assert history_of(default) == history_of(spill)
+    for result in (prose, spill):
+        assert_sound(result, budget)
+
+
 def test_the_marker_says_how_to_find_a_folded_result_unless_no_restore_tool_is_offered():
     from engine.notices import FOLD_QUERY_HINT, RESTORE_TOOL, fold_marker, without_restore_tool
 
