@@ -315,11 +315,12 @@ def test_the_fold_index_names_each_result_with_what_produced_it_as_far_as_its_sh
 
 def test_an_index_the_prose_share_cannot_hold_takes_the_headroom_not_the_results_room(engine):
     """fold_index_room "spill" (the default): the index is charged to the prose share as far as the
-    share holds it; once the fold has folded all it can and the marker, the task and the index
-    still overfill the share, the index's overflow comes from B beyond the re-render's cap, not
-    from the results. With "prose" it came from the results: one complete result fewer here."""
-    messages = folded_session(10) + [user("now run the tests again")]
-    budget = 3000
+    share holds it beside what no fold can shorten (the marker and the kept user messages: here a
+    long task, cut to its share, above the marker); the rest of it comes from B beyond the
+    re-render's cap, not from the results. With "prose" it came from the results: one complete
+    result fewer here."""
+    messages = [user("fix the bug " + filler("t", 400))] + folded_session(10)[1:] + [user("now run the tests again")]
+    budget = 1000
 
     def complete(result) -> int:
         return sum(1 for m in history_of(result) if m["role"] == "tool" and "omitted to fit" not in str(m["content"]))

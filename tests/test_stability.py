@@ -287,3 +287,20 @@ def test_an_append_keeps_the_latest_user_message_its_previous_request_pinned(eng
     assert again.mode == "append", again.mode_reason
     assert again.messages[:len(first.messages)] == first.messages
     assert later[-3] in again.messages  # the newer user message, verbatim after the previous request
+
+
+@pytest.mark.parametrize("room", ["prose", "headroom", "spill"])
+def test_every_index_room_keeps_the_newest_result_within_the_budget(tmp_path, room):
+    """The newest step's result may use B beyond a re-render's cap; where the fold index takes
+    part of that room too (fold_index_room "headroom" or "spill"), what is left for the result is
+    counted from B, not from the cap: a recorded customer-service conversation at B = 1,000 went
+    over B (1,046 tokens) when it was counted from the cap."""
+    from tests.conftest import load_traces
+
+    engine = Engine(str(tmp_path / room))
+    for k, trace in enumerate(load_traces("tau_bench.jsonl")[:3]):
+        messages = trace["messages"]
+        for j, message in enumerate(messages):
+            if message["role"] == "assistant":
+                result = engine.render(f"t{k}", messages[:j], budget=1000, fold_index_room=room)
+                assert result.history_tokens <= 1000
