@@ -143,7 +143,8 @@ def run_replay(args: argparse.Namespace) -> int:
                    "prices": vars(_prices(args)), "rows": rows}, sys.stdout, indent=1, default=float)
         print()
     else:
-        print(f"{_traces(len(traces))} from {', '.join(args.traces)} (part {args.part}); summariser={args.summariser}, omitted={args.omitted}")
+        part = "" if args.part == "all" else f" (part {args.part})"
+        print(f"{_traces(len(traces))} from {', '.join(args.traces)}{part}; summariser={args.summariser}, omitted={args.omitted}")
         print(text_table(rows))
     return 0
 
