@@ -1,0 +1,61 @@
+"""adapters/limits.py: the header read timeout blames slow clients, not a stalled server."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import httpx
+from contextrender.limits import uvicorn_settings
+from contextrender.testing.loopback import LoopbackServer
+
+
+async def _app(scope, receive, send):
+    """`/block` holds the event loop (as a synchronous store wait in a handler would); others answer."""
+    if scope["type"] == "lifespan":
+        while (message := await receive())["type"] != "lifespan.shutdown":
+            if message["type"] == "lifespan.startup":
+                await send({"type": "lifespan.startup.complete"})
+        await send({"type": "lifespan.shutdown.complete"})
+        return
+    if scope["path"] == "/block":
+        time.sleep(4)
+    await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/plain")]})
+    await send({"type": "http.response.body", "body": b"ok"})
+    if scope["path"] == "/after":
+        time.sleep(4)  # work after the answer (a commit), holding the loop
+
+
+def test_a_request_sent_while_the_server_was_stalled_is_served(monkeypatch):
+    """A keep-alive client sends its next request at once, while another request holds the event
+    loop past the header timeout: when the loop runs again, the request is read before the timeout
+    is reckoned, so the client gets its answer, not a 408 for headers it sent in time."""
+    monkeypatch.setenv("CONTEXTRENDER_HEADER_TIMEOUT", "2")
+    with LoopbackServer(_app, **uvicorn_settings()) as server, httpx.Client(base_url=server.url, timeout=30) as client:
+        assert client.get("/ok").status_code == 200
+        blocker = threading.Thread(target=lambda: httpx.get(f"{server.url}/block", timeout=30))
+        blocker.start()
+        time.sleep(0.5)  # the loop is held now
+        answer = client.get("/ok")
+        blocker.join()
+        assert answer.status_code == 200, answer.text
+
+
+def test_the_next_request_of_a_connection_whose_handler_held_the_loop_is_served(monkeypatch):
+    monkeypatch.setenv("CONTEXTRENDER_HEADER_TIMEOUT", "2")
+    with LoopbackServer(_app, **uvicorn_settings()) as server, httpx.Client(base_url=server.url, timeout=30) as client:
+        assert client.get("/after").status_code == 200
+        answer = client.get("/ok")
+        assert answer.status_code == 200, answer.text
+
+
+def test_a_client_that_sends_no_request_still_times_out(monkeypatch):
+    import socket
+
+    monkeypatch.setenv("CONTEXTRENDER_HEADER_TIMEOUT", "1")
+    with LoopbackServer(_app, **uvicorn_settings()) as server:
+        with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
+            sock.sendall(b"GET /ok HTTP/1.1\r\nHost: x\r\n")  # and never the end of its headers
+            started = time.monotonic()
+            answer = sock.recv(4096)
+            assert answer.startswith(b"HTTP/1.1 408") and time.monotonic() - started < 5
