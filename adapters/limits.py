@@ -184,16 +184,19 @@ class GuardedHTTP(_base_protocol()):  # type: ignore[misc]
 
     def _headers_late(self) -> None:
         self._header_timer = None
-        if self.cycle is not self._waiting_for or self.transport.is_closing():
-            return  # a request began: its body has its own timeout (read_body)
+        if self.cycle is not self._waiting_for or self.transport.is_closing() or (self.cycle is not None and not self.cycle.response_complete):
+            return  # a request began (its body has its own timeout: read_body), or one is being answered
         self.transport.write(_raw_answer("408 Request Timeout", f"the request headers did not arrive within {self._header_timeout:g} s "
                                          "(CONTEXTRENDER_HEADER_TIMEOUT)\n"))
         self.transport.close()
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
-        if not self.transport.is_closing():
-            self._arm_header_timer()  # the next request's headers: uvicorn's keep-alive timer stops at its first byte
+        # The next request's headers (uvicorn's keep-alive timer stops at its first byte); unless the
+        # next request came before this response ended and uvicorn has just started it: its own end
+        # arms the timer.
+        if not self.transport.is_closing() and (self.cycle is None or self.cycle.response_complete):
+            self._arm_header_timer()
 
     def connection_lost(self, exc: Exception | None) -> None:
         if getattr(self, "_counted", False):
