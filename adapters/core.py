@@ -31,6 +31,9 @@ _FROM: dict[str, tuple[str, ...]] = {
     "engine.errors": ("ContextRenderError", "InvalidRequest", "UnknownSession", "UnknownResult", "HistoryConflict", "ClientGone", "QuotaExceeded"),
     # Where the server tells a walker that its request's client has left (adapters/server/guard.py).
     "engine.cancel": ("CLIENT_LEFT",),
+    # The calls in progress the guard counts, and the long passes' courtesy to them (the store's
+    # row serialisation gives way too).
+    "engine.courtesy": ("CALLS", "TURN", "CallTurn", "give_way"),
     "graph.content": ("content_text",),
     "engine.measure": ("get_tokenizer", "get_embedder", "warm_up", "EMBED_CLIP", "DEFAULT_ENCODING"),
     # The restore tool the proxy offers, as its stubs name it; the fold index's opening lines

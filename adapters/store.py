@@ -175,9 +175,13 @@ class SharedSqliteStore(jac_memory.SqliteMemory):
         nodes and edges serialised before the transaction takes the write lock."""
         if changeset.is_empty():
             return jac_memory.ApplyReport()
+        from contextrender import core
+
+        give_way = core.give_way  # the serialisation of a long call's rows gives way (engine/courtesy.jac)
         rows: dict[Any, tuple] = {}
         for stage in changeset.staged():
             for intent in stage:
+                give_way()
                 if intent.is_create() and not intent.is_delete():
                     try:
                         rows[intent.anchor.id] = jac_memory._anchor_to_row(intent.anchor)
@@ -357,7 +361,11 @@ class OneCommitMemory(jac_memory.TieredMemory):
             if fresh:
                 self.__mem__.clear()
                 self.__mem__.update(working)
+        from contextrender import core
+
+        give_way = core.give_way
         for anchor in fresh:
+            give_way()
             # jaclang's rule for a new anchor: an edgeless node (but a root) is garbage, not data.
             if isinstance(anchor, NodeAnchor) and not isinstance(anchor.archetype, Root) and not anchor.edges:
                 continue

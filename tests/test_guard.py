@@ -34,6 +34,7 @@ class FakeWalkers:
         self.creating = 0
         self.most_creating = 0
         self.left_seen: dict[str, bool] = {}
+        self.turns: dict[str, object] = {}
         self.stored_bytes: dict[str, int] = {}
 
     async def __call__(self, scope: dict, receive, send) -> None:
@@ -58,6 +59,8 @@ class FakeWalkers:
             self.sessions.discard(session)
         else:
             self.entered.setdefault(session, asyncio.Event()).set()
+            # The call's turn, as engine/courtesy.jac reads it in the walker's thread.
+            self.turns[session] = core.TURN.get()
             if session in self.held:
                 await self.held[session].wait()
             # What engine/cancel.jac reads in the walker's thread.
@@ -319,3 +322,24 @@ def test_a_user_at_the_stored_bytes_quota_gets_403_and_can_still_read_and_delete
         assert gone.status == 200 and again.status == 200
 
     asyncio.run(asyncio.wait_for(scenario(), timeout=60))
+
+
+def test_the_guard_counts_the_calls_in_progress_for_a_long_call_to_give_way_to():
+    async def test(app: FakeWalkers, guard: RequestGuard) -> None:
+        before = core.CALLS.running
+        app.held["big"] = asyncio.Event()
+        big = Request(guard, "ingest_events", "big")
+        await app.entered.setdefault("big", asyncio.Event()).wait()
+        assert core.CALLS.running == before + 1
+        assert core.TURN.get() is None  # each request's turn is its own, not the server's
+        other = Request(guard, "ingest_events", "other")
+        await other.task
+        assert core.CALLS.running == before + 1  # the other call is counted no more once answered
+        app.held["big"].set()
+        await big.task
+        assert core.CALLS.running == before
+        # Each call had a turn of its own.
+        assert isinstance(app.turns["big"], core.CallTurn) and isinstance(app.turns["other"], core.CallTurn)
+        assert app.turns["big"] is not app.turns["other"]
+
+    run(test)

@@ -160,6 +160,18 @@ class RequestGuard:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        from contextrender import core
+
+        # Counted while in progress: a long call gives way to the others (engine/courtesy.jac).
+        core.CALLS.enter()
+        token = core.TURN.set(core.CallTurn())
+        try:
+            await self.guarded(scope, receive, send)
+        finally:
+            core.TURN.reset(token)
+            core.CALLS.leave()
+
+    async def guarded(self, scope: dict, receive: Any, send: Any) -> None:
         path = scope["path"]
         try:
             self.check_route(path)
