@@ -11,7 +11,9 @@ in-process Engine, adapters/local.py, both answer it with `SharedSqliteStore`):
   (`BEGIN IMMEDIATE` ... `COMMIT`), so the write lock was held for the whole serialisation: 13.7 s
   for a 40,000-message ingestion here. Here the rows of the nodes and edges a call creates are
   serialised before the transaction; inside it, each is only inserted (when no row with its id is
-  stored, as jaclang checks) or merged with the stored row exactly as jaclang merges it.
+  stored, as jaclang checks) or merged with the stored row exactly as jaclang merges it. On the
+  server, a long call's serialisation gives way to the other calls in progress
+  (engine/courtesy.jac); inside the transaction nothing waits.
 - **A stored row merged on its text.** jaclang merges an edge-list change or a changed field
   into the stored row by deserialising the stored node, setting what changed and serialising it
   whole: a result that gets a `Reuses` edge, a session whose counters change, had their large
