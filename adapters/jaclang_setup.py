@@ -68,7 +68,7 @@ def import_jaclang() -> None:
     # class when the class is made, if the serializer is loaded by then. jac-scale's plugin loads it
     # first; without jac-scale (the engine beside Hermes) every stored session was unreadable.
     from jaclang.runtimelib import serializer  # noqa: F401
-    # jaclang's runtime calls bound without `inspect` at every call (a third of a long ingestion).
+    # jaclang's runtime calls bound without `inspect` at every call (about 16 % of a long ingestion).
     from contextrender import dispatch
 
     dispatch.install()
