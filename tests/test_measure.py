@@ -36,6 +36,15 @@ def test_wordllama_pooling_equals_the_library_embed():
     assert np.allclose(np.linalg.norm(ours, axis=1), 1.0, atol=1e-5)
 
 
+def test_embedding_in_batches_gives_the_same_vectors(monkeypatch: pytest.MonkeyPatch):
+    import engine.measure as measure
+
+    texts = [f"result {i}: def parse_{i}(tokens): return tokens[{i % 7}:]" * (1 + i % 5) for i in range(11)] + [""]
+    whole = get_embedder().embed(texts)
+    monkeypatch.setattr(measure, "ENCODE_BATCH", 3)  # batches of 3, 3, 3, 3 texts
+    assert np.array_equal(get_embedder().embed(texts), whole)
+
+
 def test_empty_text_embeds_to_zero():
     assert not get_embedder().embed([""]).any()
 
