@@ -45,6 +45,38 @@ def test_embedding_in_batches_gives_the_same_vectors(monkeypatch: pytest.MonkeyP
     assert np.array_equal(get_embedder().embed(texts), whole)
 
 
+JOINED_CASES = [
+    ["the task: fix the bug in a.py", "THOUGHT: read it\n```bash\ncat a.py\n```"],
+    ["ends with a dot.", " starts with a space"],
+    ["ends with spaces   ", "\nstarts with a newline"],
+    ["crlf line\r\n", "\r\nmore"],
+    ["unicode: naïve café 日本語 🙂", "bytes 🙂 again ▁ literal"],
+    ["x", "y", "three parts"],
+    ["task " * 400, "read_file {\"path\": \"django/db/models/query.py\"}"],
+]
+
+
+@pytest.mark.parametrize("parts", JOINED_CASES)
+def test_embed_joined_is_the_embedding_of_the_joined_text_to_the_bit(parts):
+    embedder = get_embedder()
+    joined = "\n".join(parts)
+    assert embedder._newline_bounded
+    # Twice: the first computes the first part's sum, the second uses the kept one.
+    for _ in range(2):
+        assert np.array_equal(embedder.embed_joined(parts), embedder.embed([joined])[0])
+
+
+def test_embed_joined_tokenises_a_repeated_first_part_once(monkeypatch):
+    embedder = get_embedder()
+    task = "a task told once and embedded again with every new message " * 30
+    seen = []
+    token_ids = type(embedder)._token_ids
+    monkeypatch.setattr(type(embedder), "_token_ids", lambda self, text: seen.append(text) or token_ids(self, text))
+    for message in ["first answer", "second answer", "third answer with `code`"]:
+        assert np.array_equal(embedder.embed_joined([task, message]), embedder.embed([task + "\n" + message])[0])
+    assert seen == [task]
+
+
 def test_empty_text_embeds_to_zero():
     assert not get_embedder().embed([""]).any()
 

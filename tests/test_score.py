@@ -89,8 +89,15 @@ def test_the_query_mixes_the_first_user_message_with_the_latest_exchange():
         def embed(self, texts):
             return [np.array([0.0, 2.0])]
 
-    mixed = query_vector(np.array([3.0, 0.0]), messages, Fixed(), 0.4)
+        def embed_joined(self, parts):
+            self.parts = parts
+            return self.embed(["\n".join(parts)])[0]
+
+    fixed = Fixed()
+    mixed = query_vector(np.array([3.0, 0.0]), messages, fixed, 0.4)
     assert list(mixed) == pytest.approx([0.4, 0.6])
+    # The latest user message comes first, apart: the embedder keeps its sum for the next request.
+    assert fixed.parts == ["now the tests", 'looking\nread_file {"path": "a.py"}']
     assert list(query_vector(np.array([3.0, 0.0]), messages, Fixed(), 0.0)) == pytest.approx([0.0, 1.0])
 
 
