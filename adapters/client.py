@@ -26,6 +26,7 @@ import httpx
 from contextrender import core
 from contextrender.core import ContextRenderError, HistoryConflict, InvalidRequest, UnknownResult, UnknownSession
 from contextrender.endpoints import ENDPOINTS, EndpointMethods
+from contextrender.settings import positive_number
 
 DEFAULT_URL = "http://127.0.0.1:8000"
 # The server names its errors (adapters/server/app.py); a bare status, such as a 404 from a wrong URL,
@@ -79,16 +80,7 @@ def _timeout(timeout: float | None) -> float:
     """`timeout`, else $CONTEXTRENDER_TIMEOUT, else DEFAULT_TIMEOUT."""
     if timeout is not None:
         return timeout
-    raw = os.environ.get("CONTEXTRENDER_TIMEOUT", "").strip()
-    if not raw:
-        return DEFAULT_TIMEOUT
-    try:
-        seconds = float(raw)
-    except ValueError:
-        seconds = 0.0
-    if not seconds > 0:
-        raise ValueError(f"CONTEXTRENDER_TIMEOUT must be a positive number of seconds (got {raw!r})")
-    return seconds
+    return positive_number("CONTEXTRENDER_TIMEOUT", DEFAULT_TIMEOUT, unit="seconds")
 
 
 class _Reaching(httpx.BaseTransport):

@@ -27,6 +27,8 @@ import os
 import time
 from typing import Any
 
+from contextrender.settings import positive_number
+
 __all__ = ["BodyRefused", "DEFAULT_BODY_TIMEOUT", "DEFAULT_MAX_BODY_MB", "GuardedHTTP", "body_timeout",
            "header_timeout", "max_body_bytes", "max_connections_per_client", "read_body", "use_guarded_http",
            "uvicorn_settings"]
@@ -39,33 +41,20 @@ DEFAULT_MAX_CONNECTIONS_PER_CLIENT = 64
 DEFAULT_SHUTDOWN_GRACE = 3
 
 
-def _number(name: str, default: float, minimum: float = 0.0) -> float:
-    raw = os.environ.get(name)
-    if raw is None or raw == "":
-        return default
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ValueError(f"{name} must be a number (got {raw!r})") from None
-    if not value > minimum:
-        raise ValueError(f"{name} must be > {minimum:g} (got {raw!r})")
-    return value
-
-
 def max_body_bytes() -> int:
-    return int(_number("CONTEXTRENDER_MAX_BODY_MB", DEFAULT_MAX_BODY_MB) * 1024 * 1024)
+    return int(positive_number("CONTEXTRENDER_MAX_BODY_MB", DEFAULT_MAX_BODY_MB, unit="MB") * 1024 * 1024)
 
 
 def body_timeout() -> float:
-    return _number("CONTEXTRENDER_BODY_TIMEOUT", DEFAULT_BODY_TIMEOUT)
+    return positive_number("CONTEXTRENDER_BODY_TIMEOUT", DEFAULT_BODY_TIMEOUT, unit="seconds")
 
 
 def header_timeout() -> float:
-    return _number("CONTEXTRENDER_HEADER_TIMEOUT", DEFAULT_HEADER_TIMEOUT)
+    return positive_number("CONTEXTRENDER_HEADER_TIMEOUT", DEFAULT_HEADER_TIMEOUT, unit="seconds")
 
 
 def max_connections_per_client() -> int:
-    return int(_number("CONTEXTRENDER_MAX_CONNECTIONS_PER_CLIENT", DEFAULT_MAX_CONNECTIONS_PER_CLIENT, 0.5))
+    return int(positive_number("CONTEXTRENDER_MAX_CONNECTIONS_PER_CLIENT", DEFAULT_MAX_CONNECTIONS_PER_CLIENT, at_least=1))
 
 
 # Names of this machine that are not addresses.

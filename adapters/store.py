@@ -47,6 +47,7 @@ from typing import Any
 from uuid import UUID
 
 from contextrender.jaclang_setup import import_jaclang
+from contextrender.settings import positive_number
 
 import_jaclang()  # before any jaclang import of this module: without the server's plugins
 
@@ -109,16 +110,7 @@ def release(path: str | os.PathLike[str]) -> None:
 
 def busy_timeout() -> float:
     """Seconds a writer waits for another's commit: CONTEXTRENDER_STORE_BUSY_TIMEOUT (default 120)."""
-    raw = os.environ.get("CONTEXTRENDER_STORE_BUSY_TIMEOUT", "").strip()
-    if not raw:
-        return DEFAULT_BUSY_TIMEOUT
-    try:
-        seconds = float(raw)
-    except ValueError:
-        seconds = -1.0
-    if not seconds > 0:
-        raise ValueError(f"CONTEXTRENDER_STORE_BUSY_TIMEOUT must be a number of seconds > 0 (got {raw!r})")
-    return seconds
+    return positive_number("CONTEXTRENDER_STORE_BUSY_TIMEOUT", DEFAULT_BUSY_TIMEOUT, unit="seconds")
 
 
 def _schema_is_current(conn: sqlite3.Connection) -> bool:

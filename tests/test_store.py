@@ -185,7 +185,7 @@ def test_a_malformed_busy_timeout_stops_the_engine_saying_so(tmp_path):
     """jaclang swallows a failing hook and opens its own store: the setting is checked before."""
     done = subprocess.run([sys.executable, "-c", "import contextrender.local"], capture_output=True, text=True, timeout=300,
                           env={**os.environ, "CONTEXTRENDER_STORE_BUSY_TIMEOUT": "soon"})
-    assert done.returncode != 0 and "CONTEXTRENDER_STORE_BUSY_TIMEOUT must be a number of seconds > 0" in done.stderr
+    assert done.returncode != 0 and "CONTEXTRENDER_STORE_BUSY_TIMEOUT must be a positive number of seconds" in done.stderr
 
 
 def test_calls_reuse_an_idle_connection_and_never_one_to_a_replaced_file(tmp_path, monkeypatch):

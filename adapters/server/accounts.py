@@ -37,6 +37,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse
 
 from contextrender.limits import replaying
+from contextrender.settings import start_setting
 
 __all__ = ["LoginThrottle", "TokenLedger", "logout_route", "min_password_length", "password_problem", "user_manager_class"]
 
@@ -49,25 +50,12 @@ FAILURE_WINDOW = 15 * 60.0
 MAX_RETRY_AFTER = 15 * 60.0
 
 
-def _positive(name: str, default: float) -> float:
-    raw = os.environ.get(name, "")
-    if raw == "":
-        return default
-    try:
-        value = float(raw)
-    except ValueError:
-        raise SystemExit(f"ContextRender refuses to start: {name} must be a number (got {raw!r})") from None
-    if not (value > 0 and math.isfinite(value)):
-        raise SystemExit(f"ContextRender refuses to start: {name} must be > 0 (got {raw!r})")
-    return value
-
-
 def min_password_length() -> int:
-    return int(_positive("CONTEXTRENDER_MIN_PASSWORD_LENGTH", DEFAULT_MIN_PASSWORD_LENGTH))
+    return int(start_setting("CONTEXTRENDER_MIN_PASSWORD_LENGTH", DEFAULT_MIN_PASSWORD_LENGTH, unit="characters"))
 
 
 def token_max_seconds() -> float:
-    return _positive("CONTEXTRENDER_TOKEN_MAX_DAYS", DEFAULT_TOKEN_MAX_DAYS) * 86400
+    return start_setting("CONTEXTRENDER_TOKEN_MAX_DAYS", DEFAULT_TOKEN_MAX_DAYS, unit="days") * 86400
 
 
 def password_problem(password: Any) -> str:
@@ -236,7 +224,7 @@ class LoginThrottle:
 
     def __init__(self, app: Any, failures: int | None = None) -> None:
         self.app = app
-        self.limit = failures or int(_positive("CONTEXTRENDER_LOGIN_FAILURES", DEFAULT_LOGIN_FAILURES))
+        self.limit = failures or int(start_setting("CONTEXTRENDER_LOGIN_FAILURES", DEFAULT_LOGIN_FAILURES, at_least=1))
         # key -> (failures in the window, time of the last one)
         self.failed: dict[tuple[str, str], tuple[int, float]] = {}
 

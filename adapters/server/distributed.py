@@ -35,6 +35,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from contextrender.limits import replaying
+from contextrender.settings import start_setting
 
 logger = logging.getLogger("contextrender.distributed")
 
@@ -56,17 +57,6 @@ def redis_url() -> str | None:
     from jac_scale.config_loader import get_scale_config
 
     return get_scale_config().get_database_config().get("redis_url") or None
-
-
-def _seconds(name: str, default: float) -> float:
-    raw = os.environ.get(name, "")
-    try:
-        value = float(raw) if raw.strip() else default
-    except ValueError:
-        value = -1.0
-    if not 0 < value < float("inf"):
-        raise SystemExit(f"{name} must be a positive number of seconds (got {raw!r})")
-    return value
 
 
 def session_key(user: str, session_id: str) -> str:
@@ -92,8 +82,8 @@ class RedisLeases:
         import redis.asyncio
 
         self.redis = redis.asyncio.Redis.from_url(url, socket_timeout=5, socket_connect_timeout=5)
-        self.lease = _seconds("CONTEXTRENDER_LOCK_LEASE", DEFAULT_LEASE) if lease is None else lease
-        self.wait = _seconds("CONTEXTRENDER_LOCK_WAIT", DEFAULT_WAIT) if wait is None else wait
+        self.lease = start_setting("CONTEXTRENDER_LOCK_LEASE", DEFAULT_LEASE, unit="seconds") if lease is None else lease
+        self.wait = start_setting("CONTEXTRENDER_LOCK_WAIT", DEFAULT_WAIT, unit="seconds") if wait is None else wait
 
     @contextlib.asynccontextmanager
     async def hold(self, key: str) -> AsyncIterator[None]:

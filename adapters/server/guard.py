@@ -8,7 +8,6 @@ import asyncio
 import collections
 import json
 import logging
-import os
 import threading
 import time
 from typing import Any
@@ -16,6 +15,7 @@ from typing import Any
 from contextrender.limits import BodyRefused, body_timeout, max_body_bytes, read_body, replaying
 from contextrender.locks import KeyedLocks
 from contextrender.server.errors import map_walker_error
+from contextrender.settings import start_setting
 
 __all__ = ["REFUSED_PREFIXES", "ClientWatch", "RequestGuard", "body_timeout", "json_problem", "max_body_bytes"]
 
@@ -33,14 +33,7 @@ STORED_REFRESH = 5.0
 
 def max_stored_bytes() -> int:
     """CONTEXTRENDER_MAX_STORED_MB: the most bytes of events one user may store (default 1024 MB)."""
-    raw = os.environ.get("CONTEXTRENDER_MAX_STORED_MB", "")
-    try:
-        value = float(raw) if raw.strip() else DEFAULT_MAX_STORED_MB
-    except ValueError:
-        value = -1.0
-    if not 0 < value < float("inf"):
-        raise SystemExit(f"ContextRender refuses to start: CONTEXTRENDER_MAX_STORED_MB must be a positive number (got {raw!r})")
-    return int(value * 1024 * 1024)
+    return int(start_setting("CONTEXTRENDER_MAX_STORED_MB", DEFAULT_MAX_STORED_MB, unit="MB") * 1024 * 1024)
 # Route prefixes that are not ContextRender's: module functions, the client-app error log.
 REFUSED_PREFIXES = {"/function/": "ContextRender serves no /function routes; its endpoints are POST /walker/<name>",
                     "/cl/": "ContextRender serves no client app"}
