@@ -34,25 +34,31 @@ def _hold_write_lock(path: str, seconds: float, taken: threading.Event) -> None:
     conn.close()
 
 
-def test_a_call_waits_for_a_long_commit_and_a_read_does_not_wait(tmp_path):
-    engine = Engine(tmp_path / "store")
-    engine.ingest("reader", [user("what is in the repo?")])
+def _read_and_write_while_another_commit_holds(store, path: str, written: list[dict]) -> None:
+    """While another writer's commit holds the write lock of the store file at `path` for HELD s,
+    `store` (an Engine, or a Client of a server: the same methods) reads session "reader" (ingested
+    before) at once and writes `written` to session "writer", which waits and lands."""
     taken = threading.Event()
-    holder = threading.Thread(target=_hold_write_lock, args=(_db_file(engine), HELD, taken))
+    holder = threading.Thread(target=_hold_write_lock, args=(path, HELD, taken))
     holder.start()
     try:
         assert taken.wait(10)
         started = time.monotonic()
         # A read writes nothing, so it does not wait for the lock (jaclang's open wrote its
         # schema row, which waited 5 s and failed with `database is locked`).
-        assert engine.get_session("reader", include_messages=True)["messages"] == [user("what is in the repo?")]
+        assert store.get_session("reader", include_messages=True)["messages"] == [user("what is in the repo?")]
         assert time.monotonic() - started < HELD / 2
         # A write waits for the other commit and then lands (jaclang gave up after 5 s).
-        summary = engine.ingest("writer", [user("fix it"), assistant(None, call("c1", "ls", {})), tool("c1", "a.py")])
-        assert summary.added == 3
+        assert store.ingest("writer", written).added == len(written)
     finally:
         holder.join(timeout=30)
-    assert engine.get_session("writer")["events"] == 3
+    assert store.get_session("writer")["events"] == len(written)
+
+
+def test_a_call_waits_for_a_long_commit_and_a_read_does_not_wait(tmp_path):
+    engine = Engine(tmp_path / "store")
+    engine.ingest("reader", [user("what is in the repo?")])
+    _read_and_write_while_another_commit_holds(engine, _db_file(engine), [user("fix it"), assistant(None, call("c1", "ls", {})), tool("c1", "a.py")])
 
 
 def test_rows_are_serialised_before_the_write_transaction(tmp_path, monkeypatch):
@@ -133,21 +139,10 @@ def test_the_server_answers_while_another_commit_holds_its_store(jac_server):
 
     with Client(jac_server.url) as client:
         client.register(f"user_{uuid.uuid4().hex[:8]}", "secret-password-1")
-        client.ingest("read-me", [user("what is in the repo?")])
+        client.ingest("reader", [user("what is in the repo?")])
         files = sorted((jac_server.workdir / ".jac" / "data").glob("anchor_store.db"))
         assert len(files) == 1, sorted((jac_server.workdir / ".jac" / "data").iterdir())
-        taken = threading.Event()
-        holder = threading.Thread(target=_hold_write_lock, args=(str(files[0]), HELD, taken))
-        holder.start()
-        try:
-            assert taken.wait(10)
-            started = time.monotonic()
-            assert client.get_session("read-me", include_messages=True)["messages"] == [user("what is in the repo?")]
-            assert time.monotonic() - started < HELD / 2
-            assert client.ingest("write-me", [user("fix it"), assistant("on it")]).added == 2
-        finally:
-            holder.join(timeout=30)
-        assert client.get_session("write-me")["events"] == 2
+        _read_and_write_while_another_commit_holds(client, str(files[0]), [user("fix it"), assistant("on it")])
 
 
 def test_a_row_stored_by_an_earlier_version_is_merged_by_jaclang_and_reads(tmp_path, monkeypatch):
