@@ -34,6 +34,8 @@ STORED_REFRESH = 5.0
 def max_stored_bytes() -> int:
     """CONTEXTRENDER_MAX_STORED_MB: the most bytes of events one user may store (default 1024 MB)."""
     return int(start_setting("CONTEXTRENDER_MAX_STORED_MB", DEFAULT_MAX_STORED_MB, unit="MB") * 1024 * 1024)
+
+
 # Route prefixes that are not ContextRender's: module functions, the client-app error log.
 REFUSED_PREFIXES = {"/function/": "ContextRender serves no /function routes; its endpoints are POST /walker/<name>",
                     "/cl/": "ContextRender serves no client app"}
