@@ -1,8 +1,10 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -210,3 +212,22 @@ def pytest_terminal_summary(terminalreporter) -> None:
         terminalreporter.write_line(f"{seconds:8.1f} s  {module}")
     terminalreporter.write_line(f"{sum(spent.values()):8.1f} s  all {len(spent)} modules")
 
+
+
+# ---------------------------------------------------------------- threads a test left running
+
+
+def pytest_unconfigure(config) -> None:
+    """A test that leaves a non-daemon thread running (a writer looping until told to stop, after a
+    failed assertion skipped the telling) would keep the interpreter from exiting after the summary,
+    and CI would wait for it until its limit. Name such threads and exit with a failure instead."""
+    lingering = [thread for thread in threading.enumerate()
+                 if thread is not threading.main_thread() and not thread.daemon and thread.is_alive()]
+    for thread in lingering:
+        thread.join(timeout=10)
+    lingering = [thread.name for thread in lingering if thread.is_alive()]
+    if lingering:
+        sys.stdout.flush()
+        sys.stderr.write(f"tests left threads running ({', '.join(lingering)}): exiting without them\n")
+        sys.stderr.flush()
+        os._exit(3)

@@ -376,24 +376,33 @@ def test_kill_9_of_one_process_mid_write_loses_nothing_acknowledged(cluster):
                         acknowledged.append(message)
                         acknowledged_by[url] = acknowledged_by.get(url, 0) + 1
 
-    threads = [threading.Thread(target=writer, args=(url, f"w{i}")) for (i, url) in enumerate(cluster.urls * 2)]
+    # Daemon threads, stopped in `finally`: a writer loops until told, and a failed assertion must not
+    # leave it looping (pytest would print its summary and then never exit).
+    threads = [threading.Thread(target=writer, args=(url, f"w{i}"), daemon=True)
+               for (i, url) in enumerate(cluster.urls * 2)]
     for thread in threads:
         thread.start()
-    deadline = time.monotonic() + 120
-    while len(acknowledged) < 12 and time.monotonic() < deadline:
-        time.sleep(0.05)
-    with guard:
-        killed_at = len(acknowledged)
-        by_killed = acknowledged_by.get(cluster.urls[1], 0)
-    # The kill comes after acknowledged writes, some of them by the process that is killed.
-    assert killed_at >= 12 and by_killed >= 1, (answers, acknowledged_by)
-    cluster.kill(1)
-    # The first process goes on.
-    while len(acknowledged) < killed_at + 8 and time.monotonic() < deadline:
-        time.sleep(0.05)
-    stop.set()
-    for thread in threads:
-        thread.join(timeout=180)
+    try:
+        deadline = time.monotonic() + 120
+
+        def progress() -> tuple[int, int]:
+            with guard:
+                return len(acknowledged), acknowledged_by.get(cluster.urls[1], 0)
+
+        # The kill comes after acknowledged writes, some of them by the process that is killed (the
+        # session's lease may let one process's writers in first for a while: wait for both).
+        while (progress()[0] < 12 or progress()[1] < 1) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        killed_at, by_killed = progress()
+        assert killed_at >= 12 and by_killed >= 1, (answers, acknowledged_by)
+        cluster.kill(1)
+        # The first process goes on.
+        while len(acknowledged) < killed_at + 8 and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(timeout=180)
     assert len(acknowledged) >= killed_at + 8, (answers, killed_at)
     history = stored(a, "killed")
     # Every acknowledged event is stored once; an event whose request died with the process may
