@@ -272,7 +272,8 @@ class SharedSqliteStore(jac_memory.SqliteMemory):
                 or not isinstance(data.get("edges"), list) or not isinstance(data.get("version"), int):
             return False
         changed = False
-        edges = [str(e.id) for e in anchor.edges]
+        own_ids = [e.id for e in anchor.edges]
+        edges = [str(e) for e in own_ids]
         if data["edges"] != edges:
             delta = anchor.edge_delta()
             if delta is not None:
@@ -281,10 +282,14 @@ class SharedSqliteStore(jac_memory.SqliteMemory):
                 added, removed = set(delta[0]), set(delta[1])
                 if (added or removed) and intent.cas_version is not None and data["version"] != intent.cas_version:
                     raise WriteConflict(anchor_id=anchor.id, expected_version=intent.cas_version, actual_version=data["version"])
-                stored_ids = [UUID(e) for e in data["edges"]]
-                known = set(stored_ids) | {e.id for e in anchor.edges}
+                # The stored ids the node holds too are taken from its edges, not parsed again (the
+                # same ids, so the same set and its order); only a concurrent writer's are parsed.
+                id_of = dict(zip(edges, own_ids))
+                text_of = dict(zip(own_ids, edges))
+                stored_ids = [id_of.get(e) or UUID(e) for e in data["edges"]]
+                known = set(stored_ids) | set(own_ids)
                 merged = (set(stored_ids) | added) - removed
-                data["edges"] = [str(e) for e in merged if e in known]
+                data["edges"] = [text_of.get(e) or str(e) for e in merged if e in known]
                 if added or removed:
                     data["version"] += 1
                     anchor.version = data["version"]

@@ -4,12 +4,14 @@ its write transaction takes the lock."""
 
 from __future__ import annotations
 
+import json
 import os
 import sqlite3
 import subprocess
 import sys
 import threading
 import time
+import uuid
 
 from conftest import assistant, call, tool, trace_prefix, user
 
@@ -100,14 +102,19 @@ def test_busy_timeout_setting(monkeypatch):
             raise AssertionError(f"{bad!r} was taken")
 
 
-def test_a_stored_row_merged_on_its_text_is_the_row_jaclang_writes(tmp_path, monkeypatch):
-    """Every merge made on the stored text is compared with jaclang's own merge of the same
-    intent (made first inside a savepoint, then rolled back): the same row, byte for byte."""
+def _merges_compared_with_jaclang(tmp_path, monkeypatch, stored_by_another=None) -> list[str]:
+    """Every merge made on the stored text compared with jaclang's own merge of the same intent
+    (made first inside a savepoint, then rolled back): the same row, byte for byte. Before both,
+    `stored_by_another(conn, key, intent)` may change the stored row (another writer's work);
+    the archetypes of the nodes merged on their text."""
     engine = Engine(tmp_path / "store")
     merged_on_text = store.SharedSqliteStore._merge_stored_text
     checked: list[str] = []
 
     def compared(self, conn, key, stored, intent):
+        if stored_by_another is not None and stored_by_another(conn, key, intent):
+            stored = conn.execute("SELECT type, arch_module, arch_type, fingerprint, data, format_version"
+                                  " FROM anchors WHERE id = ?", (key,)).fetchone()
         version = intent.anchor.version
         conn.execute("SAVEPOINT jaclang")
         store.jac_memory.SqliteMemory._merge_write(self, conn, intent)
@@ -127,7 +134,36 @@ def test_a_stored_row_merged_on_its_text_is_the_row_jaclang_writes(tmp_path, mon
         engine.ingest("s", messages[:end])
         engine.render("s", budget=1500)
     engine.render("s", budget=900, policy="per-call")
+    engine.close()
+    return checked
+
+
+def test_a_stored_row_merged_on_its_text_is_the_row_jaclang_writes(tmp_path, monkeypatch):
+    checked = _merges_compared_with_jaclang(tmp_path, monkeypatch)
     assert "Session" in checked and "ToolResult" in checked and len(checked) > 20
+
+
+def test_an_edge_another_writer_stored_survives_the_merge_as_in_jaclang(tmp_path, monkeypatch):
+    """The node's new edges merged into a stored list that holds an edge this call never loaded
+    (another writer's, added after this call read the node): kept, in jaclang's order."""
+    foreign: list[str] = []
+
+    def another_writer_added_an_edge(conn, key, intent):
+        if intent.is_create() or not intent.anchor.edge_delta() or not intent.anchor.edge_delta()[0]:
+            return False
+        (text,) = conn.execute("SELECT data FROM anchors WHERE id = ?", (key,)).fetchone()
+        data = json.loads(text)
+        if not isinstance(data.get("edges"), list) or not data["edges"]:
+            return False
+        foreign.append(str(uuid.uuid4()))
+        data["edges"].insert(len(data["edges"]) // 2, foreign[-1])
+        conn.execute("UPDATE anchors SET data = ? WHERE id = ?", (json.dumps(data), key))
+        return True
+
+    checked = _merges_compared_with_jaclang(tmp_path, monkeypatch, another_writer_added_an_edge)
+    assert foreign and "ToolResult" in checked
+    stored = sqlite3.connect(str(next((tmp_path / "store").rglob("*.db")))).execute("SELECT data FROM anchors").fetchall()
+    assert any(f in text for (text,) in stored for f in foreign)
 
 
 def test_the_server_answers_while_another_commit_holds_its_store(jac_server):
