@@ -9,7 +9,9 @@ one call. Prints the big call's time and status, and the others' calls: how many
 (target 0), their p50, p95 and maximum (target p95 <= 1 s), overall and while the big call ran.
 Each ordinary user waits `--pause` seconds (default 1) before each call, as an agent waits for its
 model: without it 30 users saturate the two cores on their own.
-`--checkout` serves another checkout's Jac modules with its venv's `jac` (a before/after run).
+`--checkout` serves another checkout's Jac modules with its venv's `jac` (a before/after run);
+`--switch-intervals default,1,0.5 --rounds 2` serves each GIL switch interval in turn (`default`: the server's
+default), twice, and ends with a table of the runs.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
+import os
 import secrets
 import statistics
 import sys
@@ -124,35 +128,37 @@ def ordinary_user(url: str, n: int, calls: Calls, stop: threading.Event) -> None
                 calls.post(http, "register", "/user/register", account(f"user{n}-{rounds}"))
 
 
+def percentiles(rows: list[tuple[float, float, int, str]]) -> tuple[float, float]:
+    """p50 and p95 of the rows' seconds, in milliseconds (nan for no rows)."""
+    if not rows:
+        return math.nan, math.nan
+    seconds = sorted(r[1] for r in rows)
+    return statistics.median(seconds) * 1000, seconds[min(len(seconds) - 1, round(0.95 * (len(seconds) - 1)))] * 1000
+
+
 def summary(rows: list[tuple[float, float, int, str]]) -> str:
     if not rows:
         return "no calls"
-    seconds = sorted(r[1] for r in rows)
-    p95 = seconds[min(len(seconds) - 1, round(0.95 * (len(seconds) - 1)))]
+    p50, p95 = percentiles(rows)
     failed = sum(1 for r in rows if r[2] >= 500)
-    return (f"{len(rows)} calls, 5xx {failed}, p50 {statistics.median(seconds) * 1000:.0f} ms, "
-            f"p95 {p95 * 1000:.0f} ms, max {seconds[-1] * 1000:.0f} ms")
+    return (f"{len(rows)} calls, 5xx {failed}, p50 {p50:.0f} ms, "
+            f"p95 {p95:.0f} ms, max {max(r[1] for r in rows) * 1000:.0f} ms")
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--messages", type=int, default=40_000)
-    parser.add_argument("--users", type=int, default=30)
-    parser.add_argument("--pause", type=float, default=1.0, help="seconds each ordinary user waits between its calls")
-    parser.add_argument("--keep-log", type=Path, help="copy the server's log here")
-    parser.add_argument("--before", type=float, default=40.0, help="seconds the others run before the big call")
-    parser.add_argument("--after", type=float, default=5.0, help="seconds the others go on after the big call")
-    parser.add_argument("--checkout", type=Path, default=REPO, help="serve this checkout's Jac modules with its venv's jac")
-    args = parser.parse_args()
+def on_sessions(rows: list[tuple[float, float, int, str]]) -> list[tuple[float, float, int, str]]:
+    """The calls on sessions: register and login hash a password (bcrypt), CPU-bound whatever the store does."""
+    return [r for r in rows if r[3] not in ("register", "login")]
+
+
+def one_run(args: argparse.Namespace, body: str, label: str, env: dict[str, str]) -> dict:
+    """One server, the others' calls before, during and after one big call; printed, and the figures returned."""
     from jacserver import JacServer
 
-    logging.getLogger("httpx").setLevel(logging.WARNING)
-
-    big = big_session(args.messages)
-    body = json.dumps({"session_id": "big", "messages": big})
+    load_before = os.getloadavg()[0]
+    print(f"--- {label} (load average {load_before:.1f})", flush=True)
     with tempfile.TemporaryDirectory(prefix="shared-server-") as folder:
         server = JacServer(Path(folder) / "server", checkout=args.checkout.resolve(),
-                           jac=args.checkout.resolve() / ".venv" / "bin" / "jac").start()
+                           jac=args.checkout.resolve() / ".venv" / "bin" / "jac", **env).start()
         try:
             calls, stop = Calls(args.pause), threading.Event()
             with httpx.Client(base_url=server.url, timeout=1800) as http:
@@ -179,10 +185,9 @@ def main() -> None:
             before = [r for r in calls.rows if began - args.before / 2 <= r[0] < began]
             print(f"the {args.users} others, whole run: {summary(calls.rows)}")
             print(f"the {args.users} others, before the big call (its last {args.before / 2:.0f} s): {summary(before)}")
+            print(f"  their calls on sessions: {summary(on_sessions(before))}")
             print(f"the {args.users} others, while the big call ran: {summary(during)}")
-            # register and login hash a password (bcrypt): CPU-bound, whatever the store does.
-            on_sessions = [r for r in during if r[3] not in ("register", "login")]
-            print(f"  their calls on sessions (all but register and login): {summary(on_sessions)}")
+            print(f"  their calls on sessions (all but register and login): {summary(on_sessions(during))}")
             by_kind: dict[str, list] = {}
             for row in during:
                 by_kind.setdefault(row[3], []).append(row)
@@ -193,11 +198,48 @@ def main() -> None:
             if len(calls.errors) > 5:
                 print(f"  ... {len(calls.errors) - 5} more errors")
             log = server.log.read_text(errors="replace")
-            print(f"'database is locked' in the server log: {log.count('database is locked')} times")
+            print(f"'database is locked' in the server log: {log.count('database is locked')} times", flush=True)
         finally:
             server.stop()
             if args.keep_log:
                 args.keep_log.write_text(server.log.read_text(errors="replace"))
+    return {"label": label, "big": ended - began, "status": response.status_code,
+            "failed": sum(1 for r in calls.rows if r[2] >= 500), "during": percentiles(on_sessions(during)),
+            "calls": len(during), "before": percentiles(on_sessions(before)),
+            "load": (load_before, os.getloadavg()[0])}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--messages", type=int, default=40_000)
+    parser.add_argument("--users", type=int, default=30)
+    parser.add_argument("--pause", type=float, default=1.0, help="seconds each ordinary user waits between its calls")
+    parser.add_argument("--keep-log", type=Path, help="copy the server's log here (the last run's)")
+    parser.add_argument("--before", type=float, default=40.0, help="seconds the others run before the big call")
+    parser.add_argument("--after", type=float, default=5.0, help="seconds the others go on after the big call")
+    parser.add_argument("--checkout", type=Path, default=REPO, help="serve this checkout's Jac modules with its venv's jac")
+    parser.add_argument("--switch-intervals", default="",
+                        help="comma-separated CONTEXTRENDER_SWITCH_INTERVAL values (ms) served in turn, "
+                             "'default' for the server's default: e.g. default,1,0.5")
+    parser.add_argument("--rounds", type=int, default=1, help="times each setting is run, alternated")
+    args = parser.parse_args()
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+
+    settings = [s.strip() for s in args.switch_intervals.split(",") if s.strip()] or ["default"]
+    body = json.dumps({"session_id": "big", "messages": big_session(args.messages)})
+    results = []
+    for round_ in range(1, args.rounds + 1):
+        for setting in settings:
+            env = {} if setting == "default" else {"CONTEXTRENDER_SWITCH_INTERVAL": setting}
+            label = f"round {round_}, switch interval {setting if setting == 'default' else setting + ' ms'}"
+            results.append(one_run(args, body, label, env))
+    if len(results) > 1:
+        print("\n| run | big call | others' 5xx | on sessions while it ran: calls, p50 / p95 | before it: p50 / p95 | load |")
+        print("|---|---|---|---|---|---|")
+        for r in results:
+            print(f"| {r['label']} | {r['big']:.1f} s ({r['status']}) | {r['failed']} | {r['calls']}, "
+                  f"{r['during'][0]:,.0f} / {r['during'][1]:,.0f} ms | {r['before'][0]:,.0f} / {r['before'][1]:,.0f} ms | "
+                  f"{r['load'][0]:.1f}-{r['load'][1]:.1f} |")
 
 
 if __name__ == "__main__":

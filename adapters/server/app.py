@@ -31,6 +31,7 @@ import gc
 import logging
 import os
 import secrets
+import sys
 from typing import Any
 
 import jac_scale.plugin  # noqa: F401  (registers jac-scale's server class hook before ours)
@@ -48,8 +49,21 @@ from contextrender.server.secret_checks import (  # noqa: F401 (PUBLIC_DEFAULT_S
     PUBLIC_DEFAULT_SECRET, admin_password, check_jwt_secret, check_monitoring_password, strength_problem,
 )
 from contextrender.server.errors import map_walker_error  # noqa: F401 (re-exported)
+from contextrender.settings import start_setting
 
 logger = logging.getLogger("contextrender.server")
+
+# Python's own switch interval (sys.getswitchinterval() at start-up: 5 ms).
+DEFAULT_SWITCH_INTERVAL_MS = 5.0
+
+
+def use_switch_interval() -> float:
+    """The server process's GIL switch interval, CONTEXTRENDER_SWITCH_INTERVAL milliseconds: how long
+    a thread computing keeps the interpreter before a request's thread that waits for it gets its
+    turn (docs/performance.md, "Issue 30, third round"). Applied; the milliseconds set."""
+    milliseconds = start_setting("CONTEXTRENDER_SWITCH_INTERVAL", DEFAULT_SWITCH_INTERVAL_MS, unit="milliseconds")
+    sys.setswitchinterval(milliseconds / 1000)
+    return milliseconds
 
 
 def server_class() -> type:
@@ -63,6 +77,7 @@ def server_class() -> type:
             config = get_scale_config()
             check_jwt_secret(config.get_jwt_config()["secret"])
             store.busy_timeout()  # a malformed CONTEXTRENDER_STORE_BUSY_TIMEOUT stops the start, saying so
+            use_switch_interval()  # so does a malformed CONTEXTRENDER_SWITCH_INTERVAL
             check_monitoring_password(config.get_monitoring_config())
             self.admin_password = admin_password()
             # jac-scale reads these when it registers the admin routes: off, or on with the
