@@ -205,7 +205,7 @@ def one_run(args: argparse.Namespace, body: str, label: str, env: dict[str, str]
                 args.keep_log.write_text(server.log.read_text(errors="replace"))
     return {"label": label, "big": ended - began, "status": response.status_code,
             "failed": sum(1 for r in calls.rows if r[2] >= 500), "during": percentiles(on_sessions(during)),
-            "calls": len(during), "before": percentiles(on_sessions(before)),
+            "calls": len(on_sessions(during)), "before": percentiles(on_sessions(before)),
             "load": (load_before, os.getloadavg()[0])}
 
 

@@ -280,6 +280,28 @@ def test_a_weak_jwt_secret_stops_the_server(tmp_path):
         JacServer(tmp_path / "weak", CONTEXTRENDER_JWT_SECRET="too-short").start()
 
 
+def test_the_switch_interval_setting_is_applied(monkeypatch):
+    """CONTEXTRENDER_SWITCH_INTERVAL (milliseconds) is the interpreter's switch interval; unset, the default."""
+    from contextrender.server.app import DEFAULT_SWITCH_INTERVAL_MS, use_switch_interval
+
+    before = sys.getswitchinterval()
+    try:
+        monkeypatch.setenv("CONTEXTRENDER_SWITCH_INTERVAL", "0.5")
+        assert use_switch_interval() == 0.5
+        assert sys.getswitchinterval() == pytest.approx(0.0005)
+        monkeypatch.delenv("CONTEXTRENDER_SWITCH_INTERVAL")
+        assert use_switch_interval() == DEFAULT_SWITCH_INTERVAL_MS
+        assert sys.getswitchinterval() == pytest.approx(DEFAULT_SWITCH_INTERVAL_MS / 1000)
+    finally:
+        sys.setswitchinterval(before)
+
+
+def test_a_bad_switch_interval_stops_the_server(tmp_path):
+    with pytest.raises(RuntimeError, match=r"refuses to start: CONTEXTRENDER_SWITCH_INTERVAL must be a positive "
+                                           r"number of milliseconds \(got '0'\)"):
+        JacServer(tmp_path / "switch", CONTEXTRENDER_SWITCH_INTERVAL="0").start()
+
+
 def test_explain_and_last_render_survive_a_server_restart(tmp_path):
     """explain_render and get_session's last_render after `jac start` is stopped and
     started again on the same store equal what they were before (the last call re-renders)."""
