@@ -297,9 +297,13 @@ def test_the_switch_interval_setting_is_applied(monkeypatch):
 
 
 def test_a_bad_switch_interval_stops_the_server(tmp_path):
-    with pytest.raises(RuntimeError, match=r"refuses to start: CONTEXTRENDER_SWITCH_INTERVAL must be a positive "
-                                           r"number of milliseconds \(got '0'\)"):
-        JacServer(tmp_path / "switch", CONTEXTRENDER_SWITCH_INTERVAL="0").start()
+    server = JacServer(tmp_path / "switch", CONTEXTRENDER_SWITCH_INTERVAL="0")
+    try:
+        with pytest.raises(RuntimeError, match=r"refuses to start: CONTEXTRENDER_SWITCH_INTERVAL must be a positive "
+                                               r"number of milliseconds \(got '0'\)"):
+            server.start()
+    finally:
+        server.stop()  # a server that started anyway is not left running
 
 
 def test_explain_and_last_render_survive_a_server_restart(tmp_path):
