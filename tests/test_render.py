@@ -188,7 +188,10 @@ def test_the_task_stays_in_view_above_the_marker_charged_to_the_budget(engine, b
         assert_sound(result, budget)
     # A task larger than its share is cut in the middle to it, with a note; where the share is
     # too small for that (under TASK_LEAST tokens), folded as before.
-    from engine.plan import TASK_LEAST, TASK_SHARE
+    from engine.config import RenderConfig
+    from engine.plan import TASK_LEAST
+
+    TASK_SHARE = RenderConfig().task_share
 
     long_task = [user("fix the bug " + filler("t", 400) + " END_OF_TASK")] + messages[1:]
     result = engine.render(f"long{budget}", long_task, budget=budget)
