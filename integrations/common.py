@@ -59,7 +59,8 @@ def _text(message: dict) -> Any:
 
 
 def _calls(message: dict) -> list:
-    return [c.get("id") for c in message.get("tool_calls") or [] if isinstance(c, dict)]
+    # Ids and arguments: a call over results of a folded turn may be shown cut (`folded_call_room`).
+    return [(c.get("id"), (c.get("function") or {}).get("arguments")) for c in message.get("tool_calls") or [] if isinstance(c, dict)]
 
 
 def _same(original: dict, rendered: dict) -> bool:

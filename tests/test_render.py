@@ -741,3 +741,32 @@ def test_the_last_render_figures_are_one_text_and_figures_stored_as_a_dict_are_k
     engine.close()
     _with_session(store, "old", lambda s: stored.update(text=s.render_figures, kept=dict(s.last_render)))
     assert stored["kept"] == {} and json.loads(stored["text"]) == rendered.summary()
+
+
+def test_a_long_call_over_a_selected_result_of_a_folded_turn_is_cut_to_its_room(engine):
+    """`folded_call_room`: the call shown over a selected result of a folded turn has its longest
+    argument cut in the middle (head and tail kept, the arguments still the JSON object they were),
+    charged to B as cut; the stored call stays whole, and 0 shows it whole."""
+    script = "cat <<'EOF' > fix.py\n" + "\n".join(f"line_{i} = {i}" for i in range(60)) + "\nEOF"
+    messages = [user("fix the bug"), assistant(None, call("c0", "bash", {"command": script, "cwd": "/repo"})),
+                tool("c0", "wrote fix.py: checksum VALUE_ABC123")]
+    for i in range(1, 25):
+        messages += [assistant(f"step {i} " + filler("a", 40), call(f"c{i}", "bash", {"command": f"check VALUE_ABC123 {i}"})),
+                     tool(f"c{i}", f"ok {i} " + filler("o", 30))]
+    messages.append(user("go on"))
+    shown = {}
+    for room in (0, 48):
+        result = engine.render(f"room{room}", messages, budget=2000, folded_call_room=room)
+        assert_sound(result, 2000)
+        assert result.folded_messages > 0
+        wrapped = [c for m in history_of(result) if m["role"] == "assistant" and m.get("content") is None
+                   for c in m.get("tool_calls") or [] if c["id"] == "c0"]
+        assert len(wrapped) == 1, "the reused result of the first, folded turn is shown under its call"
+        shown[room] = wrapped[0]["function"]["arguments"]
+    assert shown[0] == messages[1]["tool_calls"][0]["function"]["arguments"]
+    cut = json.loads(shown[48])
+    assert cut["cwd"] == "/repo" and cut["command"].startswith("cat <<'EOF'") and cut["command"].endswith("EOF")
+    assert "tokens cut by ContextRender" in cut["command"]
+    assert TOK.call_tokens({"function": {"name": "bash", "arguments": shown[48]}}) <= 48 + 16
+    # The store keeps the call whole.
+    assert engine.render("room0", messages, budget=100_000).messages == messages

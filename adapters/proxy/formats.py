@@ -8,7 +8,7 @@ from typing import Any
 
 from contextrender.core import content_text
 
-__all__ = ["EventReader", "arguments", "openai_usage", "origins_of", "plain", "usage_counts"]
+__all__ = ["EventReader", "arguments", "cut_arguments", "openai_usage", "origins_of", "plain", "usage_counts"]
 
 
 def usage_counts(uncached: Any = None, cache_read: Any = None, cache_write: Any = None, output: Any = None) -> dict:
@@ -50,6 +50,20 @@ def arguments(value: Any) -> str:
     """A tool call's input as the JSON string of a chat-completions call (one spelling for every
     copy, so an echoed call equals the stored one)."""
     return json.dumps(value, ensure_ascii=False)
+
+
+def cut_arguments(message: dict, sent: dict | None) -> dict[str, str]:
+    """The calls of a rendered assistant message whose arguments the render cut (a call over
+    results of a folded turn, `folded_call_room`), by id, with the arguments as rendered: a format
+    layer rebuilding the client's own call parts sends these instead, so the request stays within B."""
+    given = {c.get("id"): c for c in (sent or {}).get("tool_calls") or []}
+    cut: dict[str, str] = {}
+    for call in message.get("tool_calls") or []:
+        original = given.get(call.get("id"))
+        shown = (call.get("function") or {}).get("arguments")
+        if original is not None and shown != (original.get("function") or {}).get("arguments"):
+            cut[call["id"]] = shown
+    return cut
 
 
 class EventReader:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import json
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -57,8 +58,10 @@ def _rebuilt(original: AnyMessage | None, rendered: dict) -> AnyMessage:
     if isinstance(original, ToolMessage):
         return original.model_copy(update={"content": content})
     if isinstance(original, AIMessage):
-        kept = {c.get("id") for c in rendered.get("tool_calls") or []}
-        calls = [c for c in original.tool_calls if c.get("id") in kept]
+        # The calls kept, each with its arguments as rendered (a call over results of a folded
+        # turn may be cut: `folded_call_room`).
+        shown = {c.get("id"): json.loads((c.get("function") or {}).get("arguments") or "{}") for c in rendered.get("tool_calls") or []}
+        calls = [c | {"args": shown[c.get("id")]} for c in original.tool_calls if c.get("id") in shown]
         return original.model_copy(update={"content": content, "tool_calls": calls})
     return original.model_copy(update={"content": content})
 

@@ -118,7 +118,8 @@ const isFoldIndex = (text) => typeof text === "string" && text.startsWith(FOLD_I
 // which the render keeps above it, or comes first.
 const FOLD_MARKER_OPENING = "[ContextRender: the oldest messages of this conversation are left out"
 const isFoldMarker = (text) => typeof text === "string" && text.startsWith(FOLD_MARKER_OPENING)
-const callIds = (m) => (m.tool_calls ?? []).map((c) => c.id)
+// A call as rendered: its id and arguments (a call over results of a folded turn may be cut).
+const callsOf = (m) => (m.tool_calls ?? []).map((c) => `${c.id}\u0000${c.function?.arguments ?? ""}`)
 
 /** The OpenClaw messages for a rendered chat list (messages are copied, never changed in place). */
 export function fromChat(messages, rendered) {
@@ -155,7 +156,7 @@ export function fromChat(messages, rendered) {
     next = found + 1
     const { message, entry } = origin[found]
     const text = textOf(r.content)
-    if (sameText(entry.content, text) && callIds(entry).join() === callIds(r).join()) {
+    if (sameText(entry.content, text) && callsOf(entry).join() === callsOf(r).join()) {
       out.push(message)
       continue
     }
@@ -163,13 +164,15 @@ export function fromChat(messages, rendered) {
       out.push({ ...message, content: text })
       continue
     }
-    const kept = new Set(callIds(r))
+    const kept = new Map((r.tool_calls ?? []).map((c) => [c.id, c.function?.arguments]))
     const keepText = sameText(entry.content, text)
     const parts = []
     let placed = false
     for (const part of message.content ?? []) {
       if (part?.type === "toolCall") {
-        if (kept.has(part.id)) parts.push(part)
+        if (!kept.has(part.id)) continue
+        const shown = kept.get(part.id)
+        parts.push(shown === JSON.stringify(part.arguments ?? {}) ? part : { ...part, arguments: JSON.parse(shown || "{}") })
       } else if (part?.type === "text") {
         if (keepText) parts.push(part)
         else if (!placed && text) parts.push({ type: "text", text })

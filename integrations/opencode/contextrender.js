@@ -156,8 +156,14 @@ function rebuild(message, r, results) {
       if (!results.has(part.callID)) continue // dropped with its call, or in a folded turn
       const content = results.get(part.callID)
       const current = part.state.status === "completed" ? String(part.state.output ?? "") : `Error: ${part.state.error ?? ""}`
-      if (content === current) parts.push(part)
-      else parts.push({ ...part, state: { ...part.state, status: "completed", output: String(content) } })
+      // Its arguments as rendered: a call over results of a folded turn may be cut.
+      const shown = (r.tool_calls ?? []).find((c) => c.id === part.callID)?.function?.arguments
+      const cut = shown !== undefined && shown !== JSON.stringify(part.state.input ?? {})
+      if (content === current && !cut) parts.push(part)
+      else {
+        const state = content === current ? part.state : { ...part.state, status: "completed", output: String(content) }
+        parts.push({ ...part, state: cut ? { ...state, input: JSON.parse(shown || "{}") } : state })
+      }
       continue
     }
     if (part.type === "reasoning" && !keepText && !r.content) continue

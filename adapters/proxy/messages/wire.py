@@ -32,7 +32,7 @@ from typing import Any
 
 from contextrender.proxy.messages.cache import CACHE, MAX_BREAKPOINTS, NO_BREAKPOINT, as_blocks, bare, breakpoints
 from contextrender.core import InvalidRequest, content_text
-from contextrender.proxy.formats import EventReader, arguments, origins_of, plain, usage_counts
+from contextrender.proxy.formats import EventReader, arguments, cut_arguments, origins_of, plain, usage_counts
 
 __all__ = ["FORMAT", "MAX_BREAKPOINTS", "breakpoints", "to_normal"]
 
@@ -168,12 +168,15 @@ def _from_rendered(message: dict, sent: dict | None, origin: Origin | None, last
         # over selected results of folded turns: content null), or its text cut (content a string
         # where the client sent blocks).
         same_text = not isinstance(content, str)
+        cut = cut_arguments(message, sent)
         out: list[dict] = []
         cut_placed = False
         for block in origin.blocks:
             kind = block.get("type")
             if kind == "tool_use":
-                if block.get("id") in calls:
+                if block.get("id") in cut:
+                    out.append(block | {"input": json.loads(cut[block["id"]] or "{}")})
+                elif block.get("id") in calls:
                     out.append(block)
             elif content is None:
                 continue

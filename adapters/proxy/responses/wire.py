@@ -26,7 +26,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from contextrender.proxy.formats import EventReader, openai_usage, origins_of, plain
+from contextrender.proxy.formats import EventReader, cut_arguments, openai_usage, origins_of, plain
 from contextrender.core import InvalidRequest, content_text
 
 __all__ = ["FORMAT", "to_normal"]
@@ -143,12 +143,15 @@ def _rebuilt(message: dict, sent: dict | None, origin: list[dict] | None, last: 
                        "arguments": c["function"]["arguments"]} for c in calls.values()]
     # Content parts are the client's (calls left out at most); a string is a cut text.
     same_text = not isinstance(content, str)
+    cut = cut_arguments(message, sent)
     out: list[dict] = []
     cut_placed = False
     for item in origin:
         kind = _kind(item)
         if kind == "function_call":
-            if item["call_id"] in calls:
+            if item["call_id"] in cut:
+                out.append(item | {"arguments": cut[item["call_id"]]})
+            elif item["call_id"] in calls:
                 out.append(item)
         elif content is None:
             continue  # only the calls, over results of folded turns
