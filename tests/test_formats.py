@@ -37,3 +37,35 @@ def test_recurring_texts_find_their_own_position_from_the_end():
     assert origins_of(prepared[1:], prepared, [True] * len(prepared)) == [1, 2, 3, 4, 5, 6]
     assert origins_of([reminder], prepared, [True, True, True, True, True, True, False]) == [3]
     assert json.dumps(prepared[1]) == json.dumps(reminder)
+
+
+def test_a_call_the_render_cut_is_sent_cut_on_messages_and_responses():
+    """A call over results of a folded turn may be cut (`folded_call_room`): the format layers
+    rebuild the client's own call part with the rendered arguments, not the client's whole ones."""
+    from contextrender.proxy.messages.wire import to_messages, to_normal as messages_normal
+    from contextrender.proxy.responses.wire import to_items, to_normal as responses_normal
+
+    whole, cut = {"command": "x" * 400, "cwd": "/repo"}, {"command": "xx [... cut ...] xx", "cwd": "/repo"}
+    body = {"messages": [
+        {"role": "user", "content": "task"},
+        {"role": "assistant", "content": [{"type": "text", "text": "writing it"},
+                                          {"type": "tool_use", "id": "c1", "name": "bash", "input": whole}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "c1", "content": "ok"}]},
+    ]}
+    (normal, origins) = messages_normal(body)
+    wrapper = {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "bash", "arguments": json.dumps(cut)}}]}
+    rendered = [normal[0], wrapper, normal[2]]
+    turns = to_messages(rendered, normal, origins, body["messages"])
+    assert [b["input"] for t in turns for b in t["content"] if isinstance(b, dict) and b.get("type") == "tool_use"] == [cut]
+    # Uncut, the client's own block goes.
+    turns = to_messages(normal, normal, origins, body["messages"])
+    assert [b["input"] for t in turns for b in t["content"] if isinstance(b, dict) and b.get("type") == "tool_use"] == [whole]
+
+    items = [{"role": "user", "content": "task"},
+             {"type": "function_call", "call_id": "c1", "name": "bash", "arguments": json.dumps(whole)},
+             {"type": "function_call_output", "call_id": "c1", "output": "ok"}]
+    (normal, origins) = responses_normal({"input": items})
+    rendered = [normal[0], wrapper, normal[2]]
+    sent = [i for i in to_items(rendered, normal, origins) if i.get("type") == "function_call"]
+    assert [json.loads(i["arguments"]) for i in sent] == [cut]
