@@ -165,7 +165,8 @@ def test_non_tool_history_beyond_budget_is_folded_with_a_marker(engine):
         messages += [user(f"question {i} " + filler("q", 60)), assistant(f"answer {i} " + filler("a", 60))]
     messages.append(user("latest"))
     budget = 1000
-    result = engine.render("s", messages, budget=budget, **PAPER)
+    # A task within its share (half of the fold's target here).
+    result = engine.render("s", messages, budget=budget, task_share=0.5, **PAPER)
     assert result.folded_messages > 0
     history = history_of(result)
     # The task (the first user message) above the marker, which folds what lies between.
@@ -187,7 +188,7 @@ def test_the_task_stays_in_view_above_the_marker_charged_to_the_budget(engine, b
         assert sum(1 for m in history if m == messages[0]) == 1
         assert_sound(result, budget)
     # A task larger than its share is cut in the middle to it, with a note; where the share is
-    # too small for that (under TASK_LEAST tokens), folded as before.
+    # too small for that (under TASK_LEAST tokens left under the note), folded as before.
     from engine.config import RenderConfig
     from engine.plan import TASK_LEAST
 
@@ -197,7 +198,11 @@ def test_the_task_stays_in_view_above_the_marker_charged_to_the_budget(engine, b
     result = engine.render(f"long{budget}", long_task, budget=budget)
     first = str(history_of(result)[0]["content"])
     assert result.folded_messages > 0 and history_of(result)[0] != long_task[0]
-    if int(budget * 0.15 * TASK_SHARE) >= TASK_LEAST:
+    from engine.notices import user_cut_note
+
+    share = int(budget * 0.15 * TASK_SHARE)
+    note = user_cut_note("first", TOK.message_tokens(long_task[0]), "u0")
+    if share - 4 - TOK.count(note) - 4 >= TASK_LEAST:
         assert first.startswith("[ContextRender: the first user message (") and "fix the bug" in first and "END_OF_TASK" in first
         assert TOK.message_tokens(history_of(result)[0]) <= int(budget * 0.15 * TASK_SHARE)
         # Its note names the handle that restores it whole.
@@ -323,13 +328,14 @@ def test_an_index_the_prose_share_cannot_hold_takes_the_headroom_not_the_results
     re-render's cap, not from the results. With "prose" it came from the results: one complete
     result fewer here."""
     messages = [user("fix the bug " + filler("t", 400))] + folded_session(10)[1:] + [user("now run the tests again")]
-    budget = 1000
+    budget = 1500
 
     def complete(result) -> int:
         return sum(1 for m in history_of(result) if m["role"] == "tool" and "omitted to fit" not in str(m["content"]))
 
-    prose = engine.render("prose", messages, budget=budget, fold_index_room="prose")
-    spill = engine.render("spill", messages, budget=budget, fold_index_room="spill")
+    # The task cut to the whole of the fold's target: with it, the marker and the index overflow the share.
+    prose = engine.render("prose", messages, budget=budget, fold_index_room="prose", task_share=1.0)
+    spill = engine.render("spill", messages, budget=budget, fold_index_room="spill", task_share=1.0)
     assert prose.folded_messages == spill.folded_messages > 0
     assert fold_index_text(spill) and fold_index_text(spill) == fold_index_text(prose)
     assert complete(spill) == complete(prose) + 1
