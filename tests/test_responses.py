@@ -90,6 +90,11 @@ def check_forwarded(instructions: str, items: list[dict], request: dict, sent: d
             assert item["call_id"] in calls and "omitted to fit the history budget" in item["output"]
             stubs += 1
             continue
+        if item.get("type") == "function_call":
+            # A call over results of a folded turn, its arguments cut (`folded_call_room`).
+            assert item["call_id"] in calls and "tokens cut by ContextRender" in item["arguments"], item
+            stubs += 1
+            continue
         if item.get("role") == "assistant":
             # Prose shortened to its share of B, or whole where the turn's calls are not shown with it;
             # its reasoning items are not sent with it.
