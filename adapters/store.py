@@ -60,7 +60,8 @@ from jaclang.runtimelib.serializer import Serializer  # noqa: E402
 from jaclang.runtimelib.typecache import get_field_types  # noqa: E402
 
 
-__all__ = ["OneCommitMemory", "SharedSqliteStore", "StorePlugin", "busy_timeout", "install", "release"]
+__all__ = ["OneCommitMemory", "SharedSqliteStore", "StorePlugin", "busy_timeout", "install", "release",
+           "server_memory_class"]
 
 DEFAULT_BUSY_TIMEOUT = 120.0
 # jaclang's insert of a whole row (SqliteMemory._merge_write, its branch for a row not stored yet).
@@ -335,13 +336,15 @@ class StorePlugin:
         return SharedSqliteStore(path=str(database["shelf_db_path"]))
 
 
-class OneCommitMemory(jac_memory.TieredMemory):
-    """jaclang's working set for a context that commits once (the Engine's calls): its commit
-    hashes every anchor of the working set to find what changed, the new ones too, whose hash
-    it then ignores (a new anchor is written whole). Here new anchors are recorded as jaclang
-    records them, without the hash (a third of the commit on a long ingestion); the anchors
-    loaded from the store go through jaclang's own pass. The Engine sets it on each call's
-    context (adapters/local.py), whose re-baselining after the flush it also skips."""
+class NewAnchorsUnhashed:
+    """A working set's commit pass without hashing its new anchors. jaclang's commit
+    (`TieredMemory._collect_into`) hashes every anchor of the working set to find what changed,
+    the new ones too, whose hash it then ignores (a new anchor is written whole). Here new anchors
+    are recorded as jaclang records them, without the hash (a third of the commit on a long
+    ingestion), giving way to other calls between them on the server (engine/courtesy.jac: this
+    pass runs before the write transaction); the anchors loaded from the store go through
+    jaclang's own pass. Mixed into jaclang's working set (OneCommitMemory, the Engine's) and
+    jac-scale's (`server_memory_class`, the server's)."""
 
     def _collect_into(self, changes: ChangeSet) -> None:
         from jaclang import JacRuntimeInterface as Jac
@@ -370,6 +373,28 @@ class OneCommitMemory(jac_memory.TieredMemory):
                 continue
             if Jac.check_write_access(anchor, op_hint="field_write"):
                 changes.record_create(anchor)
+
+
+class OneCommitMemory(NewAnchorsUnhashed, jac_memory.TieredMemory):
+    """jaclang's working set for a context that commits once (the Engine's calls): new anchors
+    unhashed at the commit. The Engine sets it on each call's context (adapters/local.py), whose
+    re-baselining after the flush it also skips."""
+
+
+_server_memory: list[type] = []
+
+
+def server_memory_class() -> type:
+    """jac-scale's working set (`ScaleTieredMemory`: its caches and backends as they are) with new
+    anchors unhashed at the commit. A server context may commit more than once (the walker's
+    commit, then the close's backstop), so jac-scale's re-baselining after each flush stays: the
+    anchors it wrote are hashed then, and a later commit of the context finds them unchanged."""
+    if not _server_memory:
+        from jac_scale.memory_hierarchy import ScaleTieredMemory
+
+        _server_memory.append(type("ServerMemory", (NewAnchorsUnhashed, ScaleTieredMemory), {
+            "__doc__": server_memory_class.__doc__, "__module__": __name__}))
+    return _server_memory[0]
 
 
 _installed: list[StorePlugin] = []
