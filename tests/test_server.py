@@ -306,6 +306,26 @@ def test_a_bad_switch_interval_stops_the_server(tmp_path):
         server.stop()  # a server that started anyway is not left running
 
 
+def test_the_servers_request_contexts_commit_new_anchors_unhashed(tmp_path):
+    """jac-scale's request context, as the server's plugin answers for it, has jac-scale's working
+    set with the commit pass that does not hash new anchors (adapters/store.py ServerMemory); what
+    it writes reads back (the other tests here run every walker through it)."""
+    probe = (
+        "from contextrender.jaclang_setup import import_jaclang\n"
+        "import_jaclang()\n"
+        "from contextrender.server.plugin import register_server\n"
+        "assert register_server()\n"
+        "from jaclang.jac0core.runtime import plugin_manager\n"
+        "from jac_scale.memory_hierarchy import ScaleTieredMemory\n"
+        "from contextrender.store import NewAnchorsUnhashed\n"
+        "ctx = plugin_manager.hook.create_j_context(user_root=None, base_path_dir=None, full_target_path=None)\n"
+        "print(type(ctx).__name__, isinstance(ctx.mem, ScaleTieredMemory), isinstance(ctx.mem, NewAnchorsUnhashed))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == "JScaleExecutionContext True True"
+
+
 def test_explain_and_last_render_survive_a_server_restart(tmp_path):
     """explain_render and get_session's last_render after `jac start` is stopped and
     started again on the same store equal what they were before (the last call re-renders)."""
