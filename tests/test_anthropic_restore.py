@@ -18,7 +18,7 @@ from contextrender.proxy.chat.restore import RESTORE_TOOL
 from tests.conftest import anthropic_conversation, call
 from tests.proxy_fixtures import proxy_url_at
 from tests.test_anthropic import sdk
-from tests.test_proxy import conversation, wait_for_events
+from tests.test_proxy import conversation, wait_for_events, wait_for_usage
 from tests.test_restore_loop import B, STUBS, restored_edges
 
 MODEL = "claude-sonnet-4-5"
@@ -79,7 +79,7 @@ def test_a_restore_round_on_messages_returns_one_ordinary_answer(engine, upstrea
     assert second["messages"][-3]["content"][-1]["cache_control"] == EPHEMERAL
     # The store: the restore recorded, usage of both calls (the fake counts request bytes / 4).
     assert restored_edges(engine, "claude") == 1
-    usage = engine.get_session("claude")["usage"]
+    usage = wait_for_usage(engine, "claude", 1)
     assert usage["requests"] == 1 and usage["input_tokens"] == sum(len(r.body) // 4 for r in upstream.requests)
     assert usage["output_tokens"] == 14
     # The proxy's estimate counts both calls too (the second is the first plus the round, counted

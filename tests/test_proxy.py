@@ -59,6 +59,16 @@ def wait_for_events(engine, session_id: str, events: int) -> None:
         time.sleep(0.02)
 
 
+def wait_for_usage(engine, session_id: str, requests: int) -> dict:
+    """The session's usage once `requests` forwarded requests are counted (the answer, with its
+    usage, is ingested after the response: the request's own events are stored before it)."""
+    deadline = time.monotonic() + 10
+    while (usage := engine.get_session(session_id)["usage"]).get("requests", 0) < requests:
+        assert time.monotonic() < deadline, f"session {session_id} never counted {requests} requests: {usage}"
+        time.sleep(0.02)
+    return usage
+
+
 @pytest.fixture
 def proxy(engine, upstream):
     """The proxy with the engine in-process, in front of the fake upstream."""

@@ -17,7 +17,7 @@ from contextrender.proxy.responses.restore import tool_definition
 from contextrender.proxy.chat.restore import RESTORE_TOOL
 from tests.conftest import call, responses_input
 from tests.proxy_fixtures import proxy_url_at
-from tests.test_proxy import conversation
+from tests.test_proxy import conversation, wait_for_usage
 from tests.test_restore_loop import STUBS, restored_edges
 
 MODEL = "gpt-5"
@@ -102,7 +102,7 @@ def test_an_agents_run_restores_an_omitted_result(engine, upstream, proxy_url, s
     (session,) = engine.list_sessions()
     sid = session["session_id"]
     assert restored_edges(engine, sid) == 1
-    usage = engine.get_session(sid)["usage"]
+    usage = wait_for_usage(engine, sid, 6)
     assert usage["requests"] == 6 and usage["input_tokens"] == sum(len(r.body) // 4 for r in upstream.requests if r.path == "/v1/responses")
 
 
