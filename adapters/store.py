@@ -1,4 +1,4 @@
-"""The embedded SQLite store, as jaclang's own `SqliteMemory` with three changes, installed through
+"""The embedded SQLite store, as jaclang's own `SqliteMemory` with these changes, installed through
 jaclang's `get_persistent_memory` hook (the server's plugin, adapters/server/plugin.py, and the
 in-process Engine, adapters/local.py, both answer it with `SharedSqliteStore`):
 
@@ -29,6 +29,11 @@ in-process Engine, adapters/local.py, both answer it with `SharedSqliteStore`):
   writes its schema version at every connection (a new connection per server request): a write
   that waits on any other call's commit, made by calls that only read. Here the schema is created
   (or a legacy store migrated) only when it is not already the current one.
+
+- **New anchors not hashed at the commit** (`NewAnchorsUnhashed`): jaclang's commit hashes every
+  anchor of a context's working set, new ones too, and ignores a new one's hash. The Engine's
+  contexts (`OneCommitMemory`) and the server's (`server_memory_class`, set by the server plugin's
+  `create_j_context`) record new anchors without it.
 
 Everything else (reads, quarantine, the merge of a stored row, the stored format) is jaclang's:
 stores written before this module read and write as they did, and jaclang reads what it writes.
