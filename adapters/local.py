@@ -17,7 +17,7 @@ from jaclang.jac0core.runtime import JacRuntime, JacUtils  # noqa: E402
 from jaclang.lib import spawn  # noqa: E402
 from jaclang.runtimelib.exceptions import WriteConflict  # noqa: E402
 
-from contextrender import core, store  # noqa: E402
+from contextrender import core, store, working_set  # noqa: E402
 from contextrender.endpoints import ENDPOINTS, EndpointMethods  # noqa: E402
 from contextrender.locks import KeyedLocks  # noqa: E402
 
@@ -108,9 +108,9 @@ class Engine(EndpointMethods):
 
     def _attempt(self, walker: Any) -> Any:
         ctx = JacUtils.create_j_context(user_root=None, base_path_dir=str(self.store))
-        # This context commits once: new anchors are not hashed at the commit (adapters/store.py).
-        if type(ctx.mem) is store.jac_memory.TieredMemory:
-            ctx.mem.__class__ = store.OneCommitMemory
+        # This context commits once: new anchors are not hashed at the commit (adapters/working_set.py).
+        if type(ctx.mem) is working_set.jac_memory.TieredMemory:
+            ctx.mem.__class__ = working_set.OneCommitMemory
         applied: list[Any] = []
         l3 = ctx.mem.l3
         if l3 is not None:

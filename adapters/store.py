@@ -1,4 +1,4 @@
-"""The embedded SQLite store, as jaclang's own `SqliteMemory` with these changes, installed through
+"""The embedded SQLite store, as jaclang's own `SqliteMemory` with three changes, installed through
 jaclang's `get_persistent_memory` hook (the server's plugin, adapters/server/plugin.py, and the
 in-process Engine, adapters/local.py, both answer it with `SharedSqliteStore`):
 
@@ -30,11 +30,6 @@ in-process Engine, adapters/local.py, both answer it with `SharedSqliteStore`):
   that waits on any other call's commit, made by calls that only read. Here the schema is created
   (or a legacy store migrated) only when it is not already the current one.
 
-- **New anchors not hashed at the commit** (`NewAnchorsUnhashed`): jaclang's commit hashes every
-  anchor of a context's working set, new ones too, and ignores a new one's hash. The Engine's
-  contexts (`OneCommitMemory`) and the server's (`server_memory_class`, set by the server plugin's
-  `create_j_context`) record new anchors without it.
-
 Everything else (reads, quarantine, the merge of a stored row, the stored format) is jaclang's:
 stores written before this module read and write as they did, and jaclang reads what it writes.
 With MongoDB configured (MONGODB_URI, jac-scale), the hook answers nothing and jac-scale's MongoDB
@@ -65,8 +60,7 @@ from jaclang.runtimelib.serializer import Serializer  # noqa: E402
 from jaclang.runtimelib.typecache import get_field_types  # noqa: E402
 
 
-__all__ = ["OneCommitMemory", "SharedSqliteStore", "StorePlugin", "busy_timeout", "install", "release",
-           "server_memory_class"]
+__all__ = ["SharedSqliteStore", "StorePlugin", "busy_timeout", "install", "release"]
 
 DEFAULT_BUSY_TIMEOUT = 120.0
 # jaclang's insert of a whole row (SqliteMemory._merge_write, its branch for a row not stored yet).
@@ -339,67 +333,6 @@ class StorePlugin:
         if os.environ.get("MONGODB_URI") or database.get("mongodb_uri"):
             return None
         return SharedSqliteStore(path=str(database["shelf_db_path"]))
-
-
-class NewAnchorsUnhashed:
-    """A working set's commit pass without hashing its new anchors. jaclang's commit
-    (`TieredMemory._collect_into`) hashes every anchor of the working set to find what changed,
-    the new ones too, whose hash it then ignores (a new anchor is written whole). Here new anchors
-    are recorded as jaclang records them, without the hash (a third of the commit on a long
-    ingestion), giving way to other calls between them on the server (engine/courtesy.jac: this
-    pass runs before the write transaction); the anchors loaded from the store go through
-    jaclang's own pass. Mixed into jaclang's working set (OneCommitMemory, the Engine's) and
-    jac-scale's (`server_memory_class`, the server's)."""
-
-    def _collect_into(self, changes: ChangeSet) -> None:
-        from jaclang import JacRuntimeInterface as Jac
-
-        working = list(self.__mem__.items())
-        fresh = [anchor for (_, anchor) in working
-                 if anchor.hash == 0 and anchor.persistent and anchor.is_populated()
-                 and not ((intent := changes.intents.get(anchor.id)) is not None and intent.is_delete())]
-        if fresh:
-            new_ids = {anchor.id for anchor in fresh}
-            self.__mem__.clear()
-            self.__mem__.update((key, anchor) for (key, anchor) in working if key not in new_ids)
-        try:
-            super()._collect_into(changes)
-        finally:
-            if fresh:
-                self.__mem__.clear()
-                self.__mem__.update(working)
-        from contextrender import core
-
-        give_way = core.give_way
-        for anchor in fresh:
-            give_way()
-            # jaclang's rule for a new anchor: an edgeless node (but a root) is garbage, not data.
-            if isinstance(anchor, NodeAnchor) and not isinstance(anchor.archetype, Root) and not anchor.edges:
-                continue
-            if Jac.check_write_access(anchor, op_hint="field_write"):
-                changes.record_create(anchor)
-
-
-class OneCommitMemory(NewAnchorsUnhashed, jac_memory.TieredMemory):
-    """jaclang's working set for a context that commits once (the Engine's calls): new anchors
-    unhashed at the commit. The Engine sets it on each call's context (adapters/local.py), whose
-    re-baselining after the flush it also skips."""
-
-
-_server_memory: list[type] = []
-
-
-def server_memory_class() -> type:
-    """jac-scale's working set (`ScaleTieredMemory`: its caches and backends as they are) with new
-    anchors unhashed at the commit. A server context may commit more than once (the walker's
-    commit, then the close's backstop), so jac-scale's re-baselining after each flush stays: the
-    anchors it wrote are hashed then, and a later commit of the context finds them unchanged."""
-    if not _server_memory:
-        from jac_scale.memory_hierarchy import ScaleTieredMemory
-
-        _server_memory.append(type("ServerMemory", (NewAnchorsUnhashed, ScaleTieredMemory), {
-            "__doc__": server_memory_class.__doc__, "__module__": __name__}))
-    return _server_memory[0]
 
 
 _installed: list[StorePlugin] = []

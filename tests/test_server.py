@@ -308,7 +308,7 @@ def test_a_bad_switch_interval_stops_the_server(tmp_path):
 
 def test_the_servers_request_contexts_commit_new_anchors_unhashed(tmp_path):
     """jac-scale's request context, as the server's plugin answers for it, has jac-scale's working
-    set with the commit pass that does not hash new anchors (adapters/store.py ServerMemory); what
+    set with the commit pass that does not hash new anchors (adapters/working_set.py ServerMemory); what
     it writes reads back (the other tests here run every walker through it)."""
     probe = (
         "from contextrender.jaclang_setup import import_jaclang\n"
@@ -317,7 +317,7 @@ def test_the_servers_request_contexts_commit_new_anchors_unhashed(tmp_path):
         "assert register_server()\n"
         "from jaclang.jac0core.runtime import plugin_manager\n"
         "from jac_scale.memory_hierarchy import ScaleTieredMemory\n"
-        "from contextrender.store import NewAnchorsUnhashed\n"
+        "from contextrender.working_set import NewAnchorsUnhashed\n"
         "ctx = plugin_manager.hook.create_j_context(user_root=None, base_path_dir=None, full_target_path=None)\n"
         "print(type(ctx).__name__, isinstance(ctx.mem, ScaleTieredMemory), isinstance(ctx.mem, NewAnchorsUnhashed))\n"
     )

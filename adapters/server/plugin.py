@@ -47,12 +47,12 @@ class ServerPlugin:
     def create_j_context(user_root: str | None, base_path_dir: str | None = None,
                          full_target_path: str | None = None) -> Any:
         """jac-scale's request context, its working set's commit without hashing new anchors
-        (adapters/store.py `server_memory_class`: about a third of a big call's time, in which it
+        (adapters/working_set.py `server_memory_class`: about a third of a big call's time, in which it
         could not give way to the others)."""
         from jac_scale.memory_hierarchy import ScaleTieredMemory
         from jac_scale.plugin import JacScalePlugin
 
-        from contextrender.store import server_memory_class
+        from contextrender.working_set import server_memory_class
 
         ctx = JacScalePlugin.create_j_context(user_root, base_path_dir, full_target_path)
         if type(ctx.mem) is ScaleTieredMemory:
