@@ -343,3 +343,34 @@ def test_the_guard_counts_the_calls_in_progress_for_a_long_call_to_give_way_to()
         assert app.turns["big"] is not app.turns["other"]
 
     run(test)
+
+
+def test_a_big_body_is_checked_while_the_event_loop_serves_the_others(monkeypatch):
+    from contextrender.server import guard as guard_module
+
+    real = guard_module.json_problem
+    loop_ran = threading.Event()
+
+    def check_waiting_for_the_loop(body: bytes):
+        # On the loop's own thread this would wait in vain: nothing else runs while it checks.
+        assert loop_ran.wait(5), "the event loop did not run while the body was checked"
+        return real(body)
+
+    monkeypatch.setattr(guard_module, "json_problem", check_waiting_for_the_loop)
+    big = json.dumps({"session_id": "s", "messages": [user("x" * 1000)] * 400}).encode()
+    assert len(big) > guard_module.OFF_LOOP_BYTES
+
+    async def scenario():
+        checking = asyncio.ensure_future(guard_module.checked_json(big))
+        await asyncio.sleep(0.05)  # another request's turn on the loop
+        loop_ran.set()
+        return await checking
+
+    assert asyncio.run(scenario()) == (json.loads(big), "")
+    # A small body is checked in place (no thread hop for an ordinary call), with the same answer.
+    monkeypatch.setattr(guard_module, "json_problem", real)
+    small = json.dumps({"session_id": "s", "messages": [user("hi")]}).encode()
+    assert asyncio.run(guard_module.checked_json(small)) == (json.loads(small), "")
+    bad = json.dumps({"messages": [user("\udc80" * (guard_module.OFF_LOOP_BYTES // 6 + 1))]}).encode()
+    (parsed, problem) = asyncio.run(guard_module.checked_json(bad))
+    assert parsed is None and "surrogate" in problem
