@@ -13,9 +13,12 @@ import_jaclang()  # before any jaclang import of this module: without the server
 
 from jaclang.jac0core.archetype import NodeAnchor, Root  # noqa: E402
 from jaclang.runtimelib import memory as jac_memory  # noqa: E402
-from jaclang.runtimelib.changeset import ChangeSet  # noqa: E402
+from jaclang.runtimelib.changeset import ApplyReport, ChangeSet  # noqa: E402
 
-__all__ = ["NewAnchorsUnhashed", "OneCommitMemory", "server_memory_class"]
+__all__ = ["NewAnchorsUnhashed", "OneCommitMemory", "RebaselinedInSlices", "server_memory_class"]
+
+# Written anchors re-baselined between two give-way points after a server flush.
+REBASELINE_SLICE = 500
 
 
 class NewAnchorsUnhashed:
@@ -57,6 +60,32 @@ class NewAnchorsUnhashed:
                 changes.record_create(anchor)
 
 
+class RebaselinedInSlices:
+    """jaclang's re-baselining after a flush (`TieredMemory._post_apply`: every written anchor hashed
+    again, so that a later commit of the context finds it unchanged), run by jaclang's own pass on
+    slices of REBASELINE_SLICE written anchors, giving way to the other calls between slices
+    (engine/courtesy.jac): after a 40,000-message ingestion it is seconds in which a server call
+    otherwise never gives way. Each slice's pass sees only its own anchors' intents."""
+
+    def _post_apply(self, apply_report: ApplyReport) -> None:
+        applied = apply_report.applied
+        if len(applied) <= REBASELINE_SLICE:
+            super()._post_apply(apply_report)
+            return
+        from contextrender import core
+
+        intents = self.changes.intents
+        try:
+            for start in range(0, len(applied), REBASELINE_SLICE):
+                part = ApplyReport()
+                part.applied = applied[start:start + REBASELINE_SLICE]
+                self.changes.intents = {key: intents[key] for key in part.applied if key in intents}
+                super()._post_apply(part)
+                core.give_way()
+        finally:
+            self.changes.intents = intents
+
+
 class OneCommitMemory(NewAnchorsUnhashed, jac_memory.TieredMemory):
     """jaclang's working set for a context that commits once (the Engine's calls): new anchors
     unhashed at the commit. The Engine sets it on each call's context (adapters/local.py), whose
@@ -69,11 +98,12 @@ _server_memory: list[type] = []
 def server_memory_class() -> type:
     """jac-scale's working set (`ScaleTieredMemory`: its caches and backends as they are) with new
     anchors unhashed at the commit. A server context may commit more than once (the walker's
-    commit, then the close's backstop), so jac-scale's re-baselining after each flush stays: the
-    anchors it wrote are hashed then, and a later commit of the context finds them unchanged."""
+    commit, then the close's backstop), so jac-scale's re-baselining after each flush stays (the
+    anchors it wrote are hashed then, and a later commit of the context finds them unchanged), in
+    slices that give way between them."""
     if not _server_memory:
         from jac_scale.memory_hierarchy import ScaleTieredMemory
 
-        _server_memory.append(type("ServerMemory", (NewAnchorsUnhashed, ScaleTieredMemory), {
+        _server_memory.append(type("ServerMemory", (NewAnchorsUnhashed, RebaselinedInSlices, ScaleTieredMemory), {
             "__doc__": server_memory_class.__doc__, "__module__": __name__}))
     return _server_memory[0]
