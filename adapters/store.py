@@ -14,6 +14,13 @@ in-process Engine, adapters/local.py, both answer it with `SharedSqliteStore`):
   stored, as jaclang checks) or merged with the stored row exactly as jaclang merges it. On the
   server, a long call's serialisation gives way to the other calls in progress
   (engine/courtesy.jac); inside the transaction nothing waits.
+- **A big flush's new rows written ahead, in short transactions.** A flush that creates more than
+  WRITE_AHEAD_BATCH rows (a 40,000-message ingestion: about 140,000) held the write lock for
+  seconds, every other writer waiting. Its created nodes and edges (not a root) are inserted first
+  in transactions of that many rows, giving way between them; nothing stored reaches them until
+  the flush's own transaction writes the changed stored nodes (their edge lists) as before. Rows
+  written ahead that the flush then does not apply (a lost race, a failure) are deleted again; a
+  process killed between leaves only rows nothing reaches.
 - **A stored row merged on its text.** jaclang merges an edge-list change or a changed field
   into the stored row by deserialising the stored node, setting what changed and serialising it
   whole: a result that gets a `Reuses` edge, a session whose counters change, had their large
@@ -69,6 +76,10 @@ _INSERT = """
         (id, type, arch_module, arch_type, fingerprint, data, format_version, updated_at)
     VALUES (?, ?, ?, ?, ?, ?, ?, ?)
 """
+# jaclang's insert of a new row, only where no row with its id is stored (a create's first branch).
+_INSERT_NEW = _INSERT.replace("INSERT OR REPLACE", "INSERT OR IGNORE")
+# A flush creating more rows than this writes them ahead in transactions of this many.
+WRITE_AHEAD_BATCH = 2000
 _TABLES = ("anchors", "anchors_quarantine", "schema_meta", "aliases")
 # Idle connections kept per file (a context uses one at a time: one per thread that calls at once).
 MAX_IDLE = 4
@@ -184,11 +195,50 @@ class SharedSqliteStore(jac_memory.SqliteMemory):
         # The store's own (re-entrant) lock, which jaclang's apply takes too: the prepared rows
         # are this flush's only.
         with self.__lock__:
-            self._prepared = rows
+            ahead = self._write_ahead(rows) if len(rows) > WRITE_AHEAD_BATCH else set()
+            self._prepared, self._written_ahead = rows, ahead
             try:
-                return super().apply(changeset)
+                report = super().apply(changeset)
             finally:
-                self._prepared = {}
+                self._prepared, self._written_ahead = {}, set()
+            if ahead - set(report.applied):
+                self._take_back(ahead - set(report.applied))
+            return report
+
+    def _write_ahead(self, rows: dict[Any, tuple]) -> set:
+        """Insert the created rows but roots', WRITE_AHEAD_BATCH to a transaction, giving way
+        between transactions; the ids written (a row already stored is left to the flush)."""
+        from contextrender import core
+
+        self._ensure_connection()
+        conn = self.__conn__
+        conn.commit()
+        pending = [(key, row) for (key, row) in rows.items() if row[1:3] != (Root.__module__, Root.__name__)]
+        written: set = set()
+        for start in range(0, len(pending), WRITE_AHEAD_BATCH):
+            batch: list = []
+            try:
+                conn.execute("BEGIN IMMEDIATE")
+                for (key, row) in pending[start:start + WRITE_AHEAD_BATCH]:
+                    if conn.execute(_INSERT_NEW, (str(key),) + row).rowcount == 1:
+                        batch.append(key)
+                conn.commit()
+            except sqlite3.Error:
+                conn.rollback()  # the rest is written by the flush's own transaction
+                return written
+            written.update(batch)
+            core.give_way()
+        return written
+
+    def _take_back(self, ids: set) -> None:
+        """Delete rows written ahead that their flush did not apply (nothing stored reaches them)."""
+        keys = [str(key) for key in ids]
+        conn = self.__conn__
+        conn.commit()
+        with conn:
+            for start in range(0, len(keys), 500):
+                chunk = keys[start:start + 500]
+                conn.execute(f"DELETE FROM anchors WHERE id IN ({', '.join('?' * len(chunk))})", chunk)
 
     def edge_targets(self, node: UUID, edge_ids: list[UUID], via: type, cls: type, fields: tuple[str, ...],
                      root: UUID) -> list[tuple[UUID, dict]] | None:
@@ -230,6 +280,8 @@ class SharedSqliteStore(jac_memory.SqliteMemory):
                 for row in rows]
 
     def _merge_write(self, conn: sqlite3.Connection, intent: WriteIntent) -> None:
+        if intent.anchor.id in getattr(self, "_written_ahead", ()):
+            return  # this flush's own row, inserted ahead (`_write_ahead`)
         key = str(intent.anchor.id)
         stored = conn.execute(
             "SELECT type, arch_module, arch_type, fingerprint, data, format_version FROM anchors WHERE id = ?", (key,)
