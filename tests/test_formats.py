@@ -69,3 +69,45 @@ def test_a_call_the_render_cut_is_sent_cut_on_messages_and_responses():
     rendered = [normal[0], wrapper, normal[2]]
     sent = [i for i in to_items(rendered, normal, origins) if i.get("type") == "function_call"]
     assert [json.loads(i["arguments"]) for i in sent] == [cut]
+
+
+def test_verbatim_calls_the_render_cut_are_sent_cut_with_their_turns_text_and_thinking(engine):
+    """`verbatim_call_room` cuts the calls of verbatim turns (text and thinking beside them): the
+    Messages and Responses layers send each as the render cut it, the turn's other parts as the
+    client sent them (the last turn's thinking included), so the request holds what was counted."""
+    from contextrender.proxy.messages.wire import to_messages, to_normal as messages_normal
+    from contextrender.proxy.responses.wire import to_items, to_normal as responses_normal
+
+    script = lambda i: f"cat <<'EOF' > mod_{i}.py\n" + "\n".join(f"line_{i}_{k} = {k}" for k in range(40)) + "\nEOF"
+    turns = [{"role": "user", "content": "fix the bug"}]
+    items = [{"role": "user", "content": "fix the bug"}]
+    for i in range(6):
+        turns += [{"role": "assistant", "content": [
+                      {"type": "thinking", "thinking": f"plan {i}", "signature": f"sig{i}"},
+                      {"type": "text", "text": f"step {i}"},
+                      {"type": "tool_use", "id": f"c{i}", "name": "bash", "input": {"command": script(i)}}]},
+                  {"role": "user", "content": [{"type": "tool_result", "tool_use_id": f"c{i}", "content": f"wrote mod_{i}.py"}]}]
+        items += [{"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": f"step {i}"}]},
+                  {"type": "function_call", "call_id": f"c{i}", "name": "bash", "arguments": json.dumps({"command": script(i)})},
+                  {"type": "function_call_output", "call_id": f"c{i}", "output": f"wrote mod_{i}.py"}]
+    turns.append({"role": "user", "content": "go on"})
+    items.append({"role": "user", "content": "go on"})
+    settings = {"budget": 2000, "policy": "per-call", "prose_share": 0.5, "verbatim_call_room": 48, "verbatim_call_newest": True}
+
+    (normal, origins) = messages_normal({"messages": turns})
+    rendered = engine.render("messages", normal, **settings)
+    shown = {c["id"]: json.loads(c["function"]["arguments"]) for m in rendered.messages for c in m.get("tool_calls") or []}
+    assert len(shown) == 6 and all("tokens cut by ContextRender" in a["command"] for a in shown.values())
+    sent = to_messages(rendered.messages, normal, origins, turns)
+    blocks = [b for t in sent if t["role"] == "assistant" for b in t["content"]]
+    assert {b["id"]: b["input"] for b in blocks if b["type"] == "tool_use"} == shown
+    assert [b["text"] for b in blocks if b["type"] == "text"] == [f"step {i}" for i in range(6)]
+    assert blocks[-3] == turns[-3]["content"][0], "the last turn's thinking as the client sent it"
+
+    (normal, origins) = responses_normal({"input": items})
+    rendered = engine.render("responses", normal, **settings)
+    shown = {c["id"]: c["function"]["arguments"] for m in rendered.messages for c in m.get("tool_calls") or []}
+    assert len(shown) == 6 and all("tokens cut by ContextRender" in a for a in shown.values())
+    sent = to_items(rendered.messages, normal, origins)
+    assert {i["call_id"]: i["arguments"] for i in sent if i.get("type") == "function_call"} == shown
+    assert [i["content"][0]["text"] for i in sent if i.get("role") == "assistant"] == [f"step {i}" for i in range(6)]

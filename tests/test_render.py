@@ -776,3 +776,52 @@ def test_a_long_call_over_a_selected_result_of_a_folded_turn_is_cut_to_its_room(
     assert TOK.call_tokens({"function": {"name": "bash", "arguments": shown[48]}}) <= 48 + 16
     # The store keeps the call whole.
     assert engine.render("room0", messages, budget=100_000).messages == messages
+
+
+def _script(i: int) -> str:
+    return f"cat <<'EOF' > mod_{i}.py\n" + "\n".join(f"line_{i}_{k} = {k}" for k in range(40)) + "\nEOF"
+
+
+def _writes(rounds: int, result: str = "") -> list[dict]:
+    messages = [user("fix the bug")]
+    for i in range(rounds):
+        messages += [assistant(f"step {i}", call(f"c{i}", "bash", {"command": _script(i)})),
+                     tool(f"c{i}", f"wrote mod_{i}.py {result}".strip())]
+    return messages + [user("go on")]
+
+
+def _shown_calls(result) -> dict:
+    # Of verbatim turns (a call over selected results of a folded turn has content null).
+    return {c["id"]: c["function"]["arguments"] for m in history_of(result) if m["role"] == "assistant"
+            and m.get("content") is not None for c in m.get("tool_calls") or []}
+
+
+def test_long_calls_of_verbatim_turns_are_cut_once_prose_exceeds_its_share(engine):
+    """`verbatim_call_room`: once retained non-tool history exceeds the prose share, the calls of
+    verbatim turns before the newest step are cut in the middle to the room (charged to B as cut,
+    so fewer turns fold); with `verbatim_call_newest` the newest step's too; the store keeps them
+    whole, 0 shows them whole, and within the prose share nothing is cut."""
+    messages = _writes(6)
+    whole = {f"c{i}": messages[1 + 2 * i]["tool_calls"][0]["function"]["arguments"] for i in range(6)}
+    assert all(TOK.call_tokens(m["tool_calls"][0]) > 200 for m in messages if m.get("tool_calls"))
+    settings = {"policy": "per-call", "prose_share": 0.5}
+    plain = engine.render("plain", messages, budget=2000, **settings)
+    assert_sound(plain, 2000)
+    assert plain.folded_messages > 0 and all(whole[k] == v for (k, v) in _shown_calls(plain).items())
+    for newest in (False, True):
+        result = engine.render(f"cut{newest}", messages, budget=2000, verbatim_call_room=48,
+                               verbatim_call_newest=newest, **settings)
+        assert_sound(result, 2000)
+        assert result.folded_messages == 0
+        shown = _shown_calls(result)
+        for i in range(6 if newest else 5):
+            cut = json.loads(shown[f"c{i}"])["command"]
+            assert cut.startswith("cat <<'EOF'") and cut.endswith("EOF") and "tokens cut by ContextRender" in cut
+            assert TOK.call_tokens({"function": {"name": "bash", "arguments": shown[f"c{i}"]}}) <= 48 + 16
+        assert (shown["c5"] == whole["c5"]) is not newest
+    assert engine.render("plain", messages, budget=100_000).messages == messages
+    # Within the prose share (all of B here) the calls stay whole.
+    big = _writes(6, filler("out", 300))
+    kept = engine.render("share", big, budget=3000, policy="per-call", prose_share=1.0, verbatim_call_room=48)
+    assert_sound(kept, 3000)
+    assert kept.selected and all(whole[k] == v for (k, v) in _shown_calls(kept).items())

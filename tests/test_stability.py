@@ -304,3 +304,35 @@ def test_every_index_room_keeps_the_newest_result_within_the_budget(tmp_path, ro
             if message["role"] == "assistant":
                 result = engine.render(f"t{k}", messages[:j], budget=1000, fold_index_room=room)
                 assert result.history_tokens <= 1000
+
+
+def test_appends_send_verbatim_calls_as_the_re_render_cut_them(tmp_path):
+    """`verbatim_call_room`: an append repeats the previous request, so a call sent whole as the
+    newest step stays whole (a partial re-render keeps it so too); with `verbatim_call_newest`
+    every verbatim call of a managed render is cut, new ones appended cut, and the append's tokens
+    count them cut (replay checks Tok(H) against what is sent)."""
+    script = lambda i: f"cat <<'EOF' > mod_{i}.py\n" + "\n".join(f"line_{i}_{k} = {k}" for k in range(30)) + "\nEOF"
+    messages = [user("fix the failing test")]
+    for i in range(30):
+        messages += [assistant(f"step {i}", call(f"c{i}", "bash", {"command": script(i)})),
+                     tool(f"c{i}", f"VALUE_{i}00 " + filler(f"r{i}x", 60))]
+    whole = {m["tool_calls"][0]["id"]: m["tool_calls"][0]["function"]["arguments"] for m in messages if m.get("tool_calls")}
+    for newest in (False, True):
+        results = replay(Engine(tmp_path / f"store-{newest}"), messages, 3000, verbatim_call_room=48, verbatim_call_newest=newest)
+        modes = [r.mode for r in results]
+        assert "append" in modes and "re-render" in modes
+        appended_cut = 0
+        for before, after in zip(results, results[1:]):
+            if after.mode == "append":
+                assert after.messages[:len(before.messages)] == before.messages
+            if not after.selected:
+                continue
+            calls = [c for m in history_of(after) if m["role"] == "assistant" and m.get("content") is not None
+                     for c in m.get("tool_calls") or []]
+            cut = [c for c in calls if c["function"]["arguments"] != whole[c["id"]]]
+            if newest:
+                assert len(cut) == len(calls), "every verbatim call is shown cut"
+                appended_cut += len(cut) if after.mode == "append" else 0
+            else:
+                assert calls[-1]["function"]["arguments"] == whole[calls[-1]["id"]], "the newest step's call is whole"
+        assert appended_cut > 0 or not newest
