@@ -45,6 +45,47 @@ def test_embedding_in_batches_gives_the_same_vectors(monkeypatch: pytest.MonkeyP
     assert np.array_equal(get_embedder().embed(texts), whole)
 
 
+def _trace_texts() -> list[str]:
+    import json
+
+    from engine.measure import EMBED_CLIP
+    from tests.conftest import TRACES
+
+    texts = []
+    for path in sorted(TRACES.glob("*.jsonl")):
+        for line in path.read_text().splitlines():
+            for message in json.loads(line)["messages"]:
+                if isinstance(message.get("content"), str):
+                    texts.append(message["content"][:EMBED_CLIP])
+                texts += [c["function"]["arguments"] for c in message.get("tool_calls") or []]
+    return texts
+
+
+def test_word_by_word_token_ids_are_the_tokenizers_own():
+    """The embedder tokenises wordllama's SentencePiece BPE word by word (from its word cache):
+    the ids `encode` gives, for the recorded traces and for texts made to find the edges (runs
+    of spaces, a literal "▁", the tokenizer's special tokens, bytes without a token, empty)."""
+    import random
+
+    embedder = get_embedder()
+    assert embedder._space_bounded
+    tokenizer = embedder._wordllama.tokenizer
+    rng = random.Random(30)
+    alphabet = [" ", "  ", "▁", "\n", "\t", "a", "é", "日本", "🙂", "<s>", "</s>", "<unk>", "x1_", "-", ".", "\x00", "\r\n"]
+    made = ["".join(rng.choice(alphabet) for _ in range(rng.randint(0, 30))) for _ in range(3000)]
+    texts = _trace_texts() + made + ["", " ", "  ", "▁", "▁▁ a", " a", "a ", "a  ", "<s> x", "ab" * 200]
+    for _ in range(2):  # cold, then from the word cache
+        assert [embedder._text_ids(t) for t in texts] == [e.ids for e in tokenizer.encode_batch(texts, add_special_tokens=False)]
+
+
+def test_embedding_word_by_word_gives_the_vectors_of_the_tokenizers_ids(monkeypatch: pytest.MonkeyPatch):
+    embedder = get_embedder()
+    texts = _trace_texts()[:400] + ["", "   ", "<s> special"]
+    ours = embedder.embed(texts)
+    monkeypatch.setattr(embedder, "_space_bounded", False)  # the tokenizer's encode_batch
+    assert np.array_equal(embedder.embed(texts), ours)
+
+
 JOINED_CASES = [
     ["the task: fix the bug in a.py", "THOUGHT: read it\n```bash\ncat a.py\n```"],
     ["ends with a dot.", " starts with a space"],
