@@ -50,3 +50,30 @@ def test_an_engine_call_still_refuses_a_bad_new_message_after_the_stored_ones(en
     with pytest.raises(InvalidRequest, match=r"messages\[5\]: role must be one of"):
         engine.render("s", HISTORY + [{"role": "robot", "content": "hi"}], budget=1000)
     assert engine.get_session("s")["events"] == len(HISTORY) - 1
+
+
+def test_matching_run_counts_the_equal_pairs_a_block_at_a_time():
+    stored = [{"role": "user", "content": f"m{i}"} for i in range(300)]
+    resent = [dict(m) for m in stored]  # equal, not the same objects (as parsed from a request)
+    run = messages_module.matching_run
+    assert run(stored, 0, resent, 0) == 300
+    assert run(stored, 0, resent[:7], 0) == 7 and run(stored, 290, resent, 290) == 10
+    assert run(stored, 5, resent, 0) == 0 and run(stored, 300, resent, 0) == 0 and run([], 0, resent, 0) == 0
+    for where in (0, 1, 15, 16, 17, 47, 48, 49, 200, 299):
+        changed = resent[:where] + [{"role": "user", "content": "other"}] + resent[where + 1:]
+        assert run(stored, 0, changed, 0) == where
+        assert run(stored, 3, changed, 3) == (where - 3 if where >= 3 else 297)
+
+
+def test_a_resent_history_with_a_changed_message_far_in_is_checked_there(monkeypatch):
+    stored = HISTORY[1:] + [user(f"turn {i}") for i in range(100)]
+    resent = [HISTORY[0]] + [dict(m) for m in stored]
+    resent[70] = {"role": "user", "content": 7}
+    seen = checked(monkeypatch)
+    with pytest.raises(InvalidRequest, match=r"messages\[70\]"):
+        messages_module.split_messages(resent, stored)
+    resent[70] = user("changed")
+    seen.clear()
+    (_, chain) = messages_module.split_messages(resent + [user("new")], stored)
+    assert chain == resent[1:] + [user("new")]
+    assert seen == ["messages[0]", "messages[1]", "messages[70]", "messages[105]"]
