@@ -1,9 +1,13 @@
 """Engine speed: render latency after ingestion (150 and 10,000 results) and ingestion throughput.
 
     .venv/bin/python benchmarks/engine_bench.py [--repeat N] [--sizes 150] [--per-call-only]
+    .venv/bin/python benchmarks/engine_bench.py --ingest-only [--traces 3] [--checkout PATH --alternate 3]
 
 Prints medians measured in this run. Histories are built from the real tool results of
-../shared/traces/mini_swe_agent_deepseek.jsonl, cycled to reach the target size.
+../shared/traces/mini_swe_agent_deepseek.jsonl, cycled to reach the target size. `--traces N`
+adds the N longest of those coding sessions as recorded, each ingested in one call and in rounds
+of 20 messages. `--checkout PATH` runs the same rows in a process of another checkout (its
+.venv), alternated with this one's `--alternate` times.
 """
 
 from __future__ import annotations
@@ -11,6 +15,8 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -118,6 +124,43 @@ def ingest_computation(pairs: list[tuple[dict, dict]], results: int) -> float:
     return text / 1e6 / (time.perf_counter() - start), text / 1e6 / (time.process_time() - cpu)
 
 
+def long_sessions(count: int) -> list[list[dict]]:
+    """The `count` longest coding sessions of the SWE trace, by their tool results' text."""
+    with open(TRACES / "mini_swe_agent_deepseek.jsonl") as f:
+        sessions = [json.loads(line)["messages"] for line in f]
+    return sorted(sessions, key=lambda m: -sum(len(x["content"].encode()) for x in m if x["role"] == "tool"))[:count]
+
+
+def bench_sessions(store: Path, sessions: list[list[dict]], chunk: int) -> tuple[float, float, float]:
+    """MB/s of result text of recorded sessions ingested (by the clock, by CPU time), and the MB:
+    each session in one call (`chunk` 0) or growing by `chunk` messages a call."""
+    engine = Engine(store)
+    text = sum(len(m["content"].encode()) for messages in sessions for m in messages if m["role"] == "tool")
+    start, cpu = time.perf_counter(), time.process_time()
+    for (k, messages) in enumerate(sessions):
+        for end in range(chunk or len(messages), len(messages) + (chunk or 1), chunk or 1):
+            engine.ingest(f"trace-{k}", messages[: min(end, len(messages))])
+    seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
+    return text / 1e6 / seconds, text / 1e6 / cpu, text / 1e6
+
+
+def alternate(args: argparse.Namespace) -> None:
+    """This checkout's rows and `args.checkout`'s, in turn, `args.alternate` times each."""
+    own, skip = [], False
+    for arg in sys.argv[1:]:
+        if not skip and arg.split("=")[0] not in ("--checkout", "--alternate"):
+            own.append(arg)
+        skip = not skip and arg in ("--checkout", "--alternate")
+    for round_ in range(args.alternate):
+        for (name, python, folder) in sorted([("this checkout", sys.executable, Path.cwd()),
+                                              (str(args.checkout), str(args.checkout / ".venv" / "bin" / "python"), args.checkout)],
+                                             reverse=bool(round_ % 2)):
+            load = " ".join(f"{x:.1f}" for x in __import__("os").getloadavg())
+            child = subprocess.run([python, __file__, *own], cwd=folder, capture_output=True, text=True, check=True)
+            for line in child.stdout.splitlines():
+                print(f"round {round_ + 1}, {name} (load {load}): {line}", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--repeat", type=int, default=30)
@@ -127,7 +170,13 @@ def main() -> None:
     parser.add_argument("--rounds-per-call", type=int, nargs="+", default=[2000, 50],
                         help="tool rounds (two messages each) per ingestion call")
     parser.add_argument("--per-call-only", action="store_true", help="only the per-call render rows (a quick A/B of the render itself)")
+    parser.add_argument("--traces", type=int, default=0, help="also ingest the N longest recorded coding sessions")
+    parser.add_argument("--checkout", type=Path, help="alternate with the same rows run by this checkout (with its .venv)")
+    parser.add_argument("--alternate", type=int, default=3, help="rounds of each with --checkout")
     args = parser.parse_args()
+    if args.checkout:
+        alternate(args)
+        return
     if args.ingest_only:
         args.sizes = []
     pairs = trace_turns()
@@ -164,6 +213,13 @@ def main() -> None:
             rate, cpu_rate, megabytes = bench_ingest(Engine(Path(store) / f"i{chunk}"), pairs, 2000, chunk)
             print(f"ingest, 2,000 results ({megabytes:.1f} MB of result text), {chunk:>2} round(s) per call: {rate:.2f} MB/s "
                   f"({cpu_rate:.2f} MB/s of CPU time)", flush=True)
+        if args.traces:
+            sessions = long_sessions(args.traces)
+            for chunk in (0, 20):
+                rate, cpu_rate, megabytes = bench_sessions(Path(store) / f"t{chunk}", sessions, chunk)
+                how = "in one call each" if not chunk else f"in rounds of {chunk} messages"
+                print(f"ingest, the {args.traces} longest coding sessions ({megabytes:.2f} MB of result text, "
+                      f"{sum(map(len, sessions))} messages), {how}: {rate:.2f} MB/s ({cpu_rate:.2f} MB/s of CPU time)", flush=True)
 
 
 if __name__ == "__main__":
