@@ -15,7 +15,7 @@ from jaclang.jac0core.archetype import NodeAnchor, Root  # noqa: E402
 from jaclang.runtimelib import memory as jac_memory  # noqa: E402
 from jaclang.runtimelib.changeset import ApplyReport, ChangeSet  # noqa: E402
 
-__all__ = ["NewAnchorsUnhashed", "OneCommitMemory", "RebaselinedInSlices", "server_memory_class"]
+__all__ = ["NewAnchorsUnhashed", "OneCommitMemory", "RebaselinedInSlices", "jaclang_checks_access", "server_memory_class"]
 
 # Written anchors re-baselined between two give-way points after a server flush.
 REBASELINE_SLICE = 500
@@ -27,8 +27,9 @@ class NewAnchorsUnhashed:
     the new ones too, whose hash it then ignores (a new anchor is written whole). Here new anchors
     are recorded as jaclang records them, without the hash (a third of the commit on a long
     ingestion), giving way to other calls between them on the server (engine/courtesy.jac: this
-    pass runs before the write transaction); the anchors loaded from the store go through
-    jaclang's own pass. Mixed into jaclang's working set (OneCommitMemory, the Engine's) and
+    pass runs before the write transaction), and without jaclang's write check of each when
+    jaclang's own hooks answer it (it grants every new anchor); the anchors loaded from the store
+    go through jaclang's own pass. Mixed into jaclang's working set (OneCommitMemory, the Engine's) and
     jac-scale's (`server_memory_class`, the server's)."""
 
     def _collect_into(self, changes: ChangeSet) -> None:
@@ -51,12 +52,15 @@ class NewAnchorsUnhashed:
         from contextrender import core
 
         give_way = core.give_way
+        # jaclang's write check answers yes for a new (unhashed) anchor; asked only when a plugin
+        # answers the checks instead of jaclang.
+        ask = not jaclang_checks_access()
         for anchor in fresh:
             give_way()
             # jaclang's rule for a new anchor: an edgeless node (but a root) is garbage, not data.
             if isinstance(anchor, NodeAnchor) and not isinstance(anchor.archetype, Root) and not anchor.edges:
                 continue
-            if Jac.check_write_access(anchor, op_hint="field_write"):
+            if not ask or Jac.check_write_access(anchor, op_hint="field_write"):
                 changes.record_create(anchor)
 
 
@@ -84,6 +88,21 @@ class RebaselinedInSlices:
                 core.give_way()
         finally:
             self.changes.intents = intents
+
+
+# The plugin that holds jaclang's own hook implementations (generate_plugin_helpers names it).
+_JACLANG_IMPL = "JacRuntimeInterfaceImpl"
+
+
+def jaclang_checks_access() -> bool:
+    """Whether jaclang's own hooks alone answer the write check and the access level it asks
+    (no plugin registered its own). Then a new anchor (hash 0, not yet stored) is writable:
+    `check_access_level` answers WRITE for it before looking at any root, and the write check
+    grants anything above CONNECT."""
+    from jaclang.jac0core.runtime import plugin_manager
+
+    return all([impl.plugin_name for impl in getattr(plugin_manager.hook, name).get_hookimpls()] == [_JACLANG_IMPL]
+               for name in ("check_write_access", "check_access_level"))
 
 
 class OneCommitMemory(NewAnchorsUnhashed, jac_memory.TieredMemory):

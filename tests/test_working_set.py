@@ -1,8 +1,10 @@
 """The working sets' commit passes (adapters/working_set.py): jaclang's re-baselining after a flush,
-run in slices that give way between them, leaves every written anchor as jaclang's whole pass does."""
+run in slices that give way between them, leaves every written anchor as jaclang's whole pass does;
+new anchors are written without a write check only while jaclang's own hooks answer it."""
 
 from __future__ import annotations
 
+from conftest import assistant, call, tool, user
 from contextrender import core, working_set
 from contextrender.jaclang_setup import import_jaclang
 
@@ -58,3 +60,39 @@ def test_a_short_flush_is_rebaselined_in_one_pass_without_a_turn(monkeypatch):
 
 def test_the_servers_working_set_rebaselines_in_slices():
     assert issubclass(working_set.server_memory_class(), working_set.RebaselinedInSlices)
+
+HISTORY = [user("read the file"), assistant(None, call("c1", "read", {"path": "a.py"})), tool("c1", "print('a')")]
+
+
+def asking_plugin(asked: list) -> object:
+    """A plugin with its own write check: it grants everything and notes each new anchor asked about."""
+    from jaclang.jac0core.runtime import hookimpl
+
+    class AsksForNewAnchors:
+        @staticmethod
+        @hookimpl
+        def check_write_access(to, op_hint: str = "write") -> bool:  # noqa: ANN001 (jaclang's hook)
+            if to.hash == 0:
+                asked.append(to.id)
+            return True
+
+    return AsksForNewAnchors()
+
+
+def test_new_anchors_are_written_without_a_write_check_only_while_jaclang_answers_it(engine):
+    from jaclang.jac0core.runtime import plugin_manager
+
+    assert working_set.jaclang_checks_access()
+    engine.ingest("plain", HISTORY)
+    asked: list = []
+    plugin = asking_plugin(asked)
+    plugin_manager.register(plugin, name="asks-for-new-anchors")
+    try:
+        assert not working_set.jaclang_checks_access()
+        engine.ingest("checked", HISTORY)
+    finally:
+        plugin_manager.unregister(plugin)
+    assert working_set.jaclang_checks_access()
+    # Its commit asked the plugin about each new node and edge: 3 events, a call, Next x3, Calls, Answered.
+    assert len(set(asked)) >= 9
+    assert engine.get_session("checked")["events"] == engine.get_session("plain")["events"] == len(HISTORY)
