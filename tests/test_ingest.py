@@ -93,3 +93,36 @@ def test_writers_sending_one_growing_list_out_of_order_leave_one_chain(engine):
     results = [n for n in engine.export_graph("s")["nodes"] if n["kind"] == "ToolResult"]
     assert len(results) == 20
     assert engine.get_session("s")["events"] == len(messages) - 1
+
+
+def test_edges_between_new_nodes_skip_connects_checks_only_while_jaclang_answers_them(engine):
+    """Ingestion builds the edges between the nodes it made without connect's access checks
+    (jaclang's grant every unhashed node); a plugin with its own check is asked, and the graph
+    is the same."""
+    import walkers.ingest as ingest_module
+    from jaclang.jac0core.runtime import hookimpl, plugin_manager
+
+    asked: list = []
+
+    class AsksForNewNodes:
+        @staticmethod
+        @hookimpl
+        def check_connect_access(to, op_hint: str = "connect") -> bool:  # noqa: ANN001 (jaclang's hook)
+            if to.hash == 0:
+                asked.append(to.id)
+            return True
+
+    assert ingest_module._jaclang_connects()
+    engine.ingest("plain", run(3))
+    plugin = AsksForNewNodes()
+    plugin_manager.register(plugin, name="asks-for-new-nodes")
+    try:
+        assert not ingest_module._jaclang_connects()
+        engine.ingest("checked", run(3))
+    finally:
+        plugin_manager.unregister(plugin)
+    assert ingest_module._jaclang_connects()
+    assert len(set(asked)) >= 9  # the new events and calls, each asked as an edge's end
+    (plain, checked) = (engine.export_graph(s) for s in ("plain", "checked"))
+    assert len(plain["nodes"]) == len(checked["nodes"]) and len(plain["edges"]) == len(checked["edges"])
+    assert sorted(e["kind"] for e in plain["edges"]) == sorted(e["kind"] for e in checked["edges"])
