@@ -87,6 +87,30 @@ def test_rows_are_serialised_before_the_write_transaction(tmp_path, monkeypatch)
     assert engine.render("s", budget=1000).messages[-1] == tool("c1", "print(1)")
 
 
+def test_created_rows_are_inserted_without_a_read_each(tmp_path, monkeypatch):
+    engine = Engine(tmp_path / "store")
+    engine.ingest("s", [user("start")])
+    reads: list[str] = []
+    connect = sqlite3.connect
+
+    def traced(*args, **kwargs):
+        conn = connect(*args, **kwargs)
+        conn.set_trace_callback(lambda sql: reads.append(sql) if sql.lstrip().startswith("SELECT type, arch_module") else None)
+        return conn
+
+    monkeypatch.setattr(store.sqlite3, "connect", traced)
+    store.release(engine._keepalive_path)  # the next call opens a (traced) connection
+    messages = [user("start")]
+    for i in range(20):
+        messages += [assistant(None, call(f"c{i}", "cat", {"path": f"a{i}.py"})), tool(f"c{i}", f"print({i})")]
+    engine.ingest("s", messages)
+    # 60 new nodes and about 80 new edges (145 reads before), read for none of them: only the
+    # rows loaded or merged with a stored one (the session, the chain's tail) are read.
+    assert 0 < len(reads) <= 6
+    assert engine.render("s", budget=4000).messages[-1] == tool("c19", "print(19)")
+    assert engine.get_session("s")["events"] == len(messages)
+
+
 def test_busy_timeout_setting(monkeypatch):
     monkeypatch.delenv("CONTEXTRENDER_STORE_BUSY_TIMEOUT", raising=False)
     assert store.busy_timeout() == store.DEFAULT_BUSY_TIMEOUT
