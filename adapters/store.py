@@ -1,47 +1,30 @@
-"""The embedded SQLite store, as jaclang's own `SqliteMemory` with three changes, installed through
+"""The embedded SQLite store: jaclang's own `SqliteMemory` with the changes below, installed through
 jaclang's `get_persistent_memory` hook (the server's plugin, adapters/server/plugin.py, and the
 in-process Engine, adapters/local.py, both answer it with `SharedSqliteStore`):
 
-- **A busy timeout that fits the longest commit.** jaclang opens the file with Python's default
-  5 s lock wait, so a call that waited longer than that for another call's commit failed with
-  `database is locked` (a 500 on the server). Here a writer waits up to
-  CONTEXTRENDER_STORE_BUSY_TIMEOUT seconds (default 120; readers never wait, the file is in WAL
-  mode).
-- **Short commits.** jaclang serialises every written node inside its write transaction
-  (`BEGIN IMMEDIATE` ... `COMMIT`), so the write lock was held for the whole serialisation: 13.7 s
-  for a 40,000-message ingestion here. Here the rows of the nodes and edges a call creates are
-  serialised before the transaction; inside it, each is only inserted (when no row with its id is
-  stored, as jaclang checks: for all of them in one read per 500, not one read each) or merged
-  with the stored row exactly as jaclang merges it. On the
-  server, a long call's serialisation gives way to the other calls in progress
-  (engine/courtesy.jac); inside the transaction nothing waits.
-- **A big flush's new rows written ahead, in short transactions.** A flush that creates more than
-  WRITE_AHEAD_BATCH rows (a 40,000-message ingestion: about 140,000) held the write lock for
-  seconds, every other writer waiting. Its created nodes and edges (not a root) are inserted first
-  in transactions of that many rows, giving way between them; nothing stored reaches them until
-  the flush's own transaction writes the changed stored nodes (their edge lists) as before. Rows
-  written ahead that the flush then does not apply (a lost race, a failure) are deleted again; a
-  process killed between leaves only rows nothing reaches.
-- **A stored row merged on its text.** jaclang merges an edge-list change or a changed field
-  into the stored row by deserialising the stored node, setting what changed and serialising it
-  whole: a result that gets a `Reuses` edge, a session whose counters change, had their large
-  contents (the result's text, the session's system prompt and render log) deserialised and
-  serialised again each time. Here the same merge is made on the row's JSON, for a node stored in
-  the current format of its class; the row written is byte for byte jaclang's (tests/test_store.py).
-- **Connections reused.** jaclang opens a connection for each execution context (each Engine call,
-  each server request) and closes it with the context: connect, two PRAGMAs, the schema check and
-  the aliases, then close, about 0.3-0.5 ms a call. Here a closed context's idle connection (no
-  transaction open) is kept, a few per file, for the next context on the same file, if the file is
-  still the one it opened (not deleted or replaced); `release` closes them (`Engine.close`).
-- **No write to open the store.** jaclang's open runs four `CREATE TABLE IF NOT EXISTS` and
-  writes its schema version at every connection (a new connection per server request): a write
-  that waits on any other call's commit, made by calls that only read. Here the schema is created
-  (or a legacy store migrated) only when it is not already the current one.
+- **A busy timeout that fits the longest commit**: a writer waits up to
+  CONTEXTRENDER_STORE_BUSY_TIMEOUT seconds (default 120) for another's commit, where jaclang's
+  5 s wait failed with `database is locked` (a 500 on the server); readers never wait (WAL).
+- **Short commits**: the rows of the nodes and edges a call creates are serialised before the
+  write transaction (jaclang serialised inside it: the lock held 13.7 s for a 40,000-message
+  ingestion), giving way on the server (engine/courtesy.jac); inside it each is only inserted
+  (when no row with its id is stored, read once per 500 ids) or merged as jaclang merges it.
+- **A big flush's new rows written ahead**: a flush creating more than WRITE_AHEAD_BATCH rows
+  inserts its created nodes and edges (not a root) first, that many to a transaction, giving way
+  between them; nothing stored reaches them until the flush's own transaction writes the changed
+  stored nodes (their edge lists). Rows written ahead that the flush does not apply are deleted
+  again; a process killed between leaves only rows nothing reaches.
+- **A stored row merged on its text**: an edge-list change or a changed field is merged into the
+  stored row's JSON (jaclang deserialises the node, sets the change and serialises it whole: a
+  result's text, a session's render log), byte for byte jaclang's row (tests/test_store.py).
+- **Connections reused**: a closed context's idle connection is kept, a few per file, for the
+  next context on the same file while the file is the one it opened; `release` closes them.
+- **No write to open the store**: the schema is created (or a legacy store migrated) only when it
+  is not the current one (jaclang wrote its schema row at every connection: a write each read
+  call waited for).
 
-Everything else (reads, quarantine, the merge of a stored row, the stored format) is jaclang's:
-stores written before this module read and write as they did, and jaclang reads what it writes.
-With MongoDB configured (MONGODB_URI, jac-scale), the hook answers nothing and jac-scale's MongoDB
-backend is used as before.
+Everything else (reads, quarantine, the stored format) is jaclang's: stores written before read and
+write as they did. With MongoDB (MONGODB_URI, jac-scale) the hook answers nothing: jac-scale's backend.
 """
 
 from __future__ import annotations
@@ -193,8 +176,7 @@ class SharedSqliteStore(jac_memory.SqliteMemory):
                         rows[intent.anchor.id] = jac_memory._anchor_to_row(intent.anchor)
                     except Exception:  # noqa: BLE001  (jaclang reports it from inside, as before)
                         pass
-        # The store's own (re-entrant) lock, which jaclang's apply takes too: the prepared rows
-        # are this flush's only.
+        # The store's own (re-entrant) lock, which jaclang's apply takes too: the rows are this flush's.
         with self.__lock__:
             ahead = self._write_ahead(rows) if len(rows) > WRITE_AHEAD_BATCH else set()
             self._prepared, self._written_ahead = rows, ahead
@@ -217,8 +199,8 @@ class SharedSqliteStore(jac_memory.SqliteMemory):
         pending = [(key, row) for (key, row) in rows.items() if row[1:3] != (Root.__module__, Root.__name__)]
         written: set = set()
         for start in range(0, len(pending), WRITE_AHEAD_BATCH):
-            batch: list = []
             try:
+                batch: list = []
                 conn.execute("BEGIN IMMEDIATE")
                 for (key, row) in pending[start:start + WRITE_AHEAD_BATCH]:
                     if conn.execute(_INSERT_NEW, (str(key),) + row).rowcount == 1:
@@ -234,11 +216,9 @@ class SharedSqliteStore(jac_memory.SqliteMemory):
     def _take_back(self, ids: set) -> None:
         """Delete rows written ahead that their flush did not apply (nothing stored reaches them)."""
         keys = [str(key) for key in ids]
-        conn = self.__conn__
-        conn.commit()
-        with conn:
-            for start in range(0, len(keys), 500):
-                chunk = keys[start:start + 500]
+        self.__conn__.commit()
+        with self.__conn__ as conn:
+            for chunk in (keys[start:start + 500] for start in range(0, len(keys), 500)):
                 conn.execute(f"DELETE FROM anchors WHERE id IN ({', '.join('?' * len(chunk))})", chunk)
 
     def edge_targets(self, node: UUID, edge_ids: list[UUID], via: type, cls: type, fields: tuple[str, ...],
@@ -281,9 +261,8 @@ class SharedSqliteStore(jac_memory.SqliteMemory):
                 for row in rows]
 
     def _stored_among_prepared(self, conn: sqlite3.Connection) -> set[str]:
-        """The ids of this flush's prepared rows (its created anchors) that a row is stored
-        under, read once per flush in blocks of 500, inside its write transaction: no other
-        writer runs until it ends, and in it a row is written only under its own intent's id."""
+        """The ids of this flush's prepared rows (its created anchors) a row is stored under, read once
+        per flush in blocks of 500 inside its write transaction (no other writer runs until it ends)."""
         prepared = getattr(self, "_prepared", None) or {}
         if getattr(self, "_probed_for", None) is not prepared:
             ids = [str(key) for key in prepared]
