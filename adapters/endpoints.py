@@ -103,9 +103,11 @@ class EndpointMethods:
 
     @endpoint("walkers.render", "render_context", returns="render", renamed={"explain": "include_decisions"})
     def render(self, session_id: str, messages: list[dict] = [], *, budget: int, selector: str = "",  # noqa: B006
-               explain: bool = False, **params: Any) -> RenderResult:
+               explain: bool = False, usage: dict = {}, **params: Any) -> RenderResult:  # noqa: B006
         """Ingest what is new in `messages`, then render the history for the next model call
-        within `budget` tokens. `params` override any RenderConfig field for this call."""
+        within `budget` tokens. `params` override any RenderConfig field for this call. `usage`:
+        one model call's reported token counts, added to the session's totals as `ingest` adds
+        them (the proxy's report of the answer `messages` re-sends, stored with its render)."""
 
     @endpoint("walkers.render", "render_variants", returns="renders", renamed={"explain": "include_decisions"})
     def render_variants(self, session_id: str, variants: list[dict], *, explain: bool = False) -> list[RenderResult]:

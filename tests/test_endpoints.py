@@ -155,7 +155,7 @@ def test_a_method_reads_as_it_is_declared():
     recording.ingest("s", [], usage=None)
     recording.ingest("s", [])
     assert sent[0] == ("render_context", {"session_id": "s", "messages": [], "budget": 900, "selector": "",
-                                          "include_decisions": True, "params": {"verbosity": 2}})
+                                          "include_decisions": True, "usage": {}, "params": {"verbosity": 2}})
     # None, or nothing, sends the declared default, a fresh copy each call.
     assert sent[1][1]["usage"] == {} and sent[1][1]["usage"] is not sent[2][1]["usage"]
     with pytest.raises(TypeError):

@@ -132,3 +132,17 @@ def test_usage_reports_add_up_and_a_bad_one_changes_nothing(engine):
             engine.ingest("u", messages + [{"role": "user", "content": "more"}], usage=bad)
     after = engine.get_session("u")
     assert after["usage"]["requests"] == 2 and after["events"] == 2
+
+
+def test_a_render_adds_the_usage_report_it_carries_and_a_bad_one_changes_nothing(engine):
+    """The proxy stores an answer's usage with the next request's render (the answer re-sent)."""
+    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]
+    engine.render("r", messages, budget=1000, usage={"input_tokens": 90, "output_tokens": 5, "estimated_input_tokens": 110})
+    engine.render("r", messages, budget=1000)
+    info = engine.get_session("r")
+    assert (info["events"], info["usage"]["requests"], info["usage"]["input_tokens"], info["usage"]["output_tokens"]) == (2, 1, 90, 5)
+    for bad in ({"input_tokens": -1}, {"prompt_tokens": 3}, ["input_tokens"]):
+        with pytest.raises(InvalidRequest, match="usage"):
+            engine.render("r", messages + [{"role": "user", "content": "more"}], budget=1000, usage=bad)
+    after = engine.get_session("r")
+    assert after["usage"]["requests"] == 1 and after["events"] == 2

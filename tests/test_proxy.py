@@ -15,7 +15,8 @@ from contextrender import UnknownSession
 from contextrender.testing.checks import pairing_problems
 from contextrender.testing.fake_upstream import FakeUpstream, LoopbackServer, free_port
 from contextrender.proxy import (
-    BUDGET_HEADER, SELECTOR_HEADER, SESSION_HEADER, SESSION_NAME_HEADER, UNMANAGED_HEADER, create_app, derive_session, named_session,
+    BUDGET_HEADER, SELECTOR_HEADER, SESSION_HEADER, SESSION_NAME_HEADER, STATUS_HEADER, UNMANAGED_HEADER, create_app, derive_session,
+    named_session,
 )
 from engine.measure import get_tokenizer
 from engine.notices import restore_tool
@@ -543,21 +544,31 @@ def test_an_in_process_engine_is_warmed_up_before_the_first_request(engine, upst
 
 
 class IngestSpy:
-    """The engine, counting the answers the proxy ingests after its responses."""
+    """The engine, counting the answers the proxy stores: alone (an ingestion after the response)
+    or with the next request's render (which then carries the answer's usage report)."""
 
     def __init__(self, engine):
-        self.engine, self.answers = engine, 0
+        self.engine, self.answers, self.with_render = engine, 0, 0
 
     def ingest(self, session_id, messages, **options):
         summary = self.engine.ingest(session_id, messages, **options)
         self.answers += bool(messages)
         return summary
 
-    def __getattr__(self, name):  # render, get_session, configure
+    def render(self, session_id, messages, **options):
+        result = self.engine.render(session_id, messages, **options)
+        if options.get("usage"):
+            (self.answers, self.with_render) = (self.answers + 1, self.with_render + 1)
+        return result
+
+    def __getattr__(self, name):  # get_session, configure
         return getattr(self.engine, name)
 
 
-def test_a_retried_turn_does_not_fork_and_its_answer_follows_its_own_request(engine, upstream):
+# 0: each answer stored alone right after its response; None: the default delay, an answer the
+# next request re-sends stored with its render, one it does not re-send alone where it belongs.
+@pytest.mark.parametrize("delay", [0, None])
+def test_a_retried_turn_does_not_fork_and_its_answer_follows_its_own_request(engine, upstream, delay):
     spy = IngestSpy(engine)
     first = conversation(results=2, words=10)[:-1]  # ends with a tool result
 
@@ -567,7 +578,7 @@ def test_a_retried_turn_does_not_fork_and_its_answer_follows_its_own_request(eng
             assert time.monotonic() < deadline, f"only {spy.answers} answers ingested"
             time.sleep(0.02)
 
-    with LoopbackServer(create_app(spy, upstream.base_url, BUDGET)) as server:
+    with LoopbackServer(create_app(spy, upstream.base_url, BUDGET, answer_delay=delay)) as server:
         def post(messages):
             body = {"model": "m", "messages": messages}
             response = httpx.post(f"{server.url}/v1/chat/completions", json=body, headers={SESSION_HEADER: "retry"})
@@ -595,6 +606,55 @@ def test_a_retried_turn_does_not_fork_and_its_answer_follows_its_own_request(eng
         assert (now["events"], now["branch"]) == (len(first), 1)
         rendered = engine.render("retry", [], budget=BUDGET * 10)
         assert rendered.messages[-1]["content"] == "Another first answer."
+    # Only the first answer was re-sent after its own request's list: stored with the second render.
+    assert spy.with_render == (0 if delay == 0 else 1)
+
+
+def test_an_answer_the_next_request_resends_is_stored_by_its_render_and_the_last_one_when_the_proxy_stops(engine, upstream):
+    spy = IngestSpy(engine)
+    first = conversation(results=2, words=10)[:-1]
+    second = first + [assistant("First answer."), user("And the other file?")]
+    # A delay no test waits out: only the next request or the proxy's stop stores an answer.
+    with LoopbackServer(create_app(spy, upstream.base_url, BUDGET, answer_delay=600)) as server:
+        for (messages, text) in ((first, "First answer."), (second, "Second answer.")):
+            upstream.enqueue(content=text)
+            response = httpx.post(f"{server.url}/v1/chat/completions", json={"model": "m", "messages": messages},
+                                  headers={SESSION_HEADER: "later"})
+            assert response.status_code == 200
+        # One Engine call a request: the first answer and its usage came with the second render.
+        (stored, usage) = (engine.get_session("later", include_messages=True), engine.get_session("later")["usage"])
+        assert (spy.with_render, spy.answers, usage["requests"]) == (1, 1, 1)
+        assert stored["messages"][len(first)] == {"role": "assistant", "content": "First answer."}
+        assert stored["events"] == len(second) - 1  # the system message apart
+    # Stopped: the last answer, never re-sent, is stored alone with its usage.
+    info = engine.get_session("later", include_messages=True)
+    assert (info["events"], info["usage"]["requests"], spy.with_render, spy.answers) == (len(second), 2, 1, 2)
+    assert info["messages"][-1] == {"role": "assistant", "content": "Second answer."}
+
+
+class FailingRenderWithUsage(IngestSpy):
+    def render(self, session_id, messages, **options):
+        if options.get("usage"):
+            raise RuntimeError("the engine failed")
+        return self.engine.render(session_id, messages, **options)
+
+
+def test_an_answer_whose_render_fails_is_stored_alone(engine, upstream):
+    spy = FailingRenderWithUsage(engine)
+    first = conversation(results=2, words=10)[:-1]
+    second = first + [assistant("First answer."), user("And the other file?")]
+    with LoopbackServer(create_app(spy, upstream.base_url, BUDGET, answer_delay=600)) as server:
+        upstream.enqueue(content="First answer.")
+        assert httpx.post(f"{server.url}/v1/chat/completions", json={"model": "m", "messages": first},
+                          headers={SESSION_HEADER: "failing"}).status_code == 200
+        upstream.enqueue(content="Second answer.")
+        response = httpx.post(f"{server.url}/v1/chat/completions", json={"model": "m", "messages": second},
+                              headers={SESSION_HEADER: "failing"})
+        assert response.headers[STATUS_HEADER].startswith("unmanaged")  # fail-open
+        # The answer its render would have stored is stored alone, before the response.
+        info = engine.get_session("failing", include_messages=True)
+        assert (info["events"], info["usage"]["requests"], spy.answers) == (len(first), 1, 1)
+        assert info["messages"][-1] == {"role": "assistant", "content": "First answer."}
 
 
 # ---------------------------------------------------------------- bounded requests, no cross-site use

@@ -22,12 +22,13 @@ from contextrender.core import RESTORE_TOOL, InvalidRequest
 from contextrender.inspector import routes as inspector
 from contextrender.metrics import CountRequests, ProxyMetrics, metrics_response
 from contextrender.proxy.admission import Admission, allowed_origins_setting
-from contextrender.proxy.defaults import DEFAULT_RESTORE_ROUNDS, DEFAULT_SELECTOR, DEFAULT_UPSTREAM_TIMEOUT
+from contextrender.proxy.defaults import DEFAULT_ANSWER_DELAY, DEFAULT_RESTORE_ROUNDS, DEFAULT_SELECTOR, DEFAULT_UPSTREAM_TIMEOUT
 from contextrender.proxy.interfaces import Backend, Format, field
 from contextrender.proxy.protocols import PROTOCOLS, Protocol, format_of_path, format_of_request
 from contextrender.proxy.restores import RequestRounds, Restores
 from contextrender.proxy.sessions import Sessions, chain_events, derive_session, model_encoding, named_session
 from contextrender.proxy.upstream import Upstream, error
+from contextrender.settings import positive_number
 
 __all__ = ["BUDGET_HEADER", "DEFAULT_SELECTOR", "READY_PATH", "SELECTOR_HEADER", "SESSION_HEADER", "SESSION_NAME_HEADER", "STATUS_HEADER",
            "UNMANAGED_HEADER", "create_app", "session_of"]
@@ -108,7 +109,7 @@ class _Proxy:
     def __init__(
         self, backend: Backend, upstream: str, budget: int, selector: str, fail_closed: bool,
         client: httpx.AsyncClient | None = None, upstream_timeout: float = DEFAULT_UPSTREAM_TIMEOUT,
-        restore_rounds: int = DEFAULT_RESTORE_ROUNDS,
+        restore_rounds: int = DEFAULT_RESTORE_ROUNDS, answer_delay: float = DEFAULT_ANSWER_DELAY,
     ) -> None:
         self.backend = backend
         self.restore_rounds = restore_rounds
@@ -116,7 +117,7 @@ class _Proxy:
         self.budget = budget
         self.selector = selector or DEFAULT_SELECTOR
         self.fail_closed = fail_closed
-        self.sessions = Sessions(backend)
+        self.sessions = Sessions(backend, answer_delay)
         self.restores = Restores(self.upstream, self.sessions, backend, restore_rounds)
         self.metrics = ProxyMetrics({p.path: p.name for p in PROTOCOLS})
         self.restores.metrics = self.metrics
@@ -196,13 +197,18 @@ class _Proxy:
         async with state.lock:
             state.turn += 1
             turn = state.turn
+            answer = None
             try:
                 await run_in_threadpool(self.sessions.check_encoding, session_id, state, encoding)
                 prepared = self.sessions.reconcile(session_id, messages)
+                # The previous answer, when this request re-sends it, is stored by this render.
+                answer = await self.sessions.take_answer(session_id, state, prepared)
+                usage = {"usage": answer.usage} if answer is not None and answer.usage else {}
                 rendering = time.perf_counter()
                 result = await run_in_threadpool(
-                    lambda: self.backend.render(session_id, prepared, budget=budget, selector=selector)
+                    lambda: self.backend.render(session_id, prepared, budget=budget, selector=selector, **usage)
                 )
+                answer = None
                 self.metrics.rendered(protocol.name, field(result, "full_history_tokens"), field(result, "history_tokens"),
                                       time.perf_counter() - rendering)
                 offered = bool(self.restore_rounds) and rounds.offers(body, field(result, "omitted"), field(result, "compacted"))
@@ -211,6 +217,8 @@ class _Proxy:
                 estimate = self.sessions.estimate(state, state.encoding or encoding, result, exchange.tools)
             except Exception as exc:  # noqa: BLE001 - fail-open covers every engine failure
                 failure = exc
+                if answer is not None:  # the render that would have stored it failed: alone, as before
+                    await self.sessions.store_held(session_id, state, answer, alone=True)
         if failure is not None:
             return await self.engine_failed(request, raw, session_id, failure, fmt, protocol)
         state.unmanaged = False
@@ -223,7 +231,7 @@ class _Proxy:
         # The one line a request gets at --log-level info.
         log.info("session %s %s: history %d -> %d tokens, %s, %.0f ms", _shown(session_id, name), protocol.name,
                  result.full_history_tokens, result.history_tokens, result.mode or "-", (time.perf_counter() - started) * 1000)
-        on_answer = self.sessions.answered(session_id, turn, len(messages), estimate, chain_events(prepared))
+        on_answer = self.sessions.answered(session_id, turn, len(messages), estimate, chain_events(prepared), prepared)
         headers = [(STATUS_HEADER, "managed")] + _summary_headers(session_id, name, result)
         self.metrics.in_proxy_seconds.labels(protocol.name).observe(time.perf_counter() - started)
         if offered:
@@ -272,6 +280,7 @@ def create_app(
     inspect: bool = True,
     allowed_origins: Iterable[str] | None = None,
     max_body: int | None = None,
+    answer_delay: float | None = None,
 ) -> FastAPI:
     """The proxy as an ASGI app (serve it with uvicorn). `backend` is an `Engine` or a `Client`.
     `upstream_timeout`: seconds of upstream silence before a 504 (default
@@ -279,7 +288,9 @@ def create_app(
     request may take (0: the restore tool is never offered). `inspect`: serve the session inspector at
     /contextrender/ (loopback clients only; adapters/inspector/routes.py). `allowed_origins`: web
     origins served beside the loopback (default $CONTEXTRENDER_ALLOWED_ORIGINS); `max_body`: the
-    largest request body in bytes (default $CONTEXTRENDER_MAX_BODY_MB MB, 32) (admission.py)."""
+    largest request body in bytes (default $CONTEXTRENDER_MAX_BODY_MB MB, 32) (admission.py);
+    `answer_delay`: seconds an answer waits for its session's next request, to be stored with
+    its render (default $CONTEXTRENDER_ANSWER_DELAY or 1; 0: stored alone after the response)."""
     if not isinstance(budget, int) or budget <= 0:
         raise ValueError(f"budget must be a positive number of tokens (got {budget!r})")
     if not isinstance(restore_rounds, int) or restore_rounds < 0:
@@ -288,7 +299,12 @@ def create_app(
         upstream_timeout = float(os.environ.get("CONTEXTRENDER_UPSTREAM_TIMEOUT", DEFAULT_UPSTREAM_TIMEOUT))
     if not upstream_timeout > 0:
         raise ValueError(f"upstream_timeout must be a positive number of seconds (got {upstream_timeout!r})")
-    proxy = _Proxy(backend, upstream, budget, selector, fail_closed, upstream_timeout=upstream_timeout, restore_rounds=restore_rounds)
+    if answer_delay is None:
+        answer_delay = positive_number("CONTEXTRENDER_ANSWER_DELAY", DEFAULT_ANSWER_DELAY, unit="seconds")
+    if not answer_delay >= 0:
+        raise ValueError(f"answer_delay must be a number of seconds >= 0 (got {answer_delay!r})")
+    proxy = _Proxy(backend, upstream, budget, selector, fail_closed, upstream_timeout=upstream_timeout, restore_rounds=restore_rounds,
+                   answer_delay=answer_delay)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -305,6 +321,7 @@ def create_app(
         async with httpx.AsyncClient(timeout=timeout, limits=httpx.Limits(max_connections=None)) as client:
             proxy.upstream.client = client
             yield
+            await proxy.sessions.store_all()  # the answers no request came back for
 
     app = FastAPI(title="ContextRender proxy", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.proxy = proxy

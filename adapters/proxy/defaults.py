@@ -3,7 +3,7 @@ them without importing the web stack (FastAPI, the format layers: about a second
 
 from __future__ import annotations
 
-__all__ = ["DEFAULT_PORT", "DEFAULT_RESTORE_ROUNDS", "DEFAULT_SELECTOR", "DEFAULT_UPSTREAM_TIMEOUT"]
+__all__ = ["DEFAULT_ANSWER_DELAY", "DEFAULT_PORT", "DEFAULT_RESTORE_ROUNDS", "DEFAULT_SELECTOR", "DEFAULT_UPSTREAM_TIMEOUT"]
 
 # The renderer a request gets without `X-ContextRender-Selector`.
 DEFAULT_SELECTOR = "contextrender"
@@ -13,3 +13,6 @@ DEFAULT_RESTORE_ROUNDS = 3
 DEFAULT_UPSTREAM_TIMEOUT = 600.0
 # The port `contextrender proxy` listens on without --port ($CONTEXTRENDER_PROXY_PORT).
 DEFAULT_PORT = 8800
+# Seconds an answer waits for the next request of its session, to be stored with that request's
+# render instead of alone ($CONTEXTRENDER_ANSWER_DELAY; docs/design-decisions.md).
+DEFAULT_ANSWER_DELAY = 1.0

@@ -1,6 +1,8 @@
 """The proxy's per-session state: a session named by a header or derived from the conversation,
 its lock and request count, the answers it stored (within a memory bound), the encoding it counts
-with, the input estimate, and the ingestion of each answer once it is complete."""
+with, the input estimate, and the ingestion of each answer once it is complete: with the next
+request's render when that request comes back within the answer delay and re-sends it, else on
+its own (docs/design-decisions.md, "The answer stored with the next request")."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import logging
 import re
 from collections import OrderedDict
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from starlette.background import BackgroundTask
@@ -20,7 +23,7 @@ from contextrender import core
 from contextrender.core import UnknownSession, cache_bytes_setting, content_text, get_tokenizer, normal_form, same_event
 from contextrender.proxy.interfaces import Backend
 
-__all__ = ["SessionState", "Sessions", "derive_session", "model_encoding", "named_session"]
+__all__ = ["Answer", "SessionState", "Sessions", "derive_session", "model_encoding", "named_session"]
 
 log = logging.getLogger("contextrender.proxy")
 
@@ -89,6 +92,22 @@ def model_encoding(model: str) -> str:
     return core.DEFAULT_ENCODING
 
 
+@dataclass(eq=False)
+class Answer:
+    """An answer not stored yet: the message (None: only its usage report is left, a later request
+    having been rendered meanwhile), at `position` of the message list, after `at` events of the
+    chain; the usage report (with the estimate); the list its request sent (as the session stores
+    it); the timer that stores it alone."""
+
+    turn: int
+    position: int
+    message: dict | None
+    usage: dict
+    at: int
+    sent: list
+    timer: asyncio.TimerHandle | None = None
+
+
 class SessionState:
     def __init__(self) -> None:
         # The session's name as the agent sent it (its key when it named none, or a valid one).
@@ -111,6 +130,8 @@ class SessionState:
         self.named = False
         # The history last forwarded (rendered), for the cached-prefix share (contextrender/metrics.py).
         self.rendered: list | None = None
+        # The last answer, until it is stored (with the next request's render, or alone).
+        self.pending: Answer | None = None
 
 
 def _answer_bytes(message: dict) -> int:
@@ -121,8 +142,12 @@ class Sessions:
     """Every session's state, least recently used first: its lock, its request count, and the
     answers the proxy stored, by their position in the message list; within `max_state_bytes`."""
 
-    def __init__(self, backend: Backend) -> None:
+    def __init__(self, backend: Backend, answer_delay: float = 0.0) -> None:
         self.backend = backend
+        # Seconds an answer waits for the next request of its session to be stored with its
+        # render (0: stored alone right after the response).
+        self.answer_delay = answer_delay
+        self._tasks: set[asyncio.Future] = set()
         self._sessions: OrderedDict[str, SessionState] = OrderedDict()
         self.max_state_bytes = cache_bytes_setting() // STATE_SHARE
         self.state_bytes = 0
@@ -138,8 +163,8 @@ class Sessions:
         self._sessions.move_to_end(session_id)
         while self.state_bytes > self.max_state_bytes and len(self._sessions) > 1:
             (oldest, old) = next(iter(self._sessions.items()))
-            if old.lock.locked() or old is state:
-                break  # in use: forget it later
+            if old.lock.locked() or old is state or old.pending is not None:
+                break  # in use, or an answer to store: forget it later
             del self._sessions[oldest]
             self.state_bytes -= old.size
         return state
@@ -230,10 +255,12 @@ class Sessions:
             total += cached("tools", tools, lambda: tokenizer.count(json.dumps(tools, ensure_ascii=False)))
         return total
 
-    def answered(self, session_id: str, turn: int, position: int, estimate: int, at: int) -> Callable[..., BackgroundTask | None]:
+    def answered(self, session_id: str, turn: int, position: int, estimate: int, at: int,
+                 sent: list | None = None) -> Callable[..., BackgroundTask | None]:
         """What to do with the answer to the session's request number `turn` (its message at
-        `position` of the list, after `at` events of the chain), once it is complete: remember it,
-        and ingest it after the response."""
+        `position` of the list `sent`, after `at` events of the chain), once it is complete:
+        remember it, and store it with the next request's render, or alone after the response
+        when no request comes within the answer delay."""
         # `extra_estimate`: the estimated input of the request's restore rounds, whose usage the
         # report includes.
         def record(message: dict | None, usage: dict, extra_estimate: int = 0) -> BackgroundTask | None:
@@ -246,21 +273,83 @@ class Sessions:
                 usage = usage | {"estimated_input_tokens": estimate + extra_estimate}
             if message is None and not usage:
                 return None
-            return BackgroundTask(self.ingest_answer, session_id, turn, message, usage, at)
+            answer = Answer(turn, position, message, usage, at, sent or [])
+            if self.answer_delay <= 0:
+                return BackgroundTask(self.store_answer, session_id, answer)
+            earlier, state.pending = state.pending, answer
+            # Held before the agent can send its next request (the response is not sent yet); the
+            # timer starts after the response.
+            return BackgroundTask(self._hold, session_id, answer, earlier)
 
         return record
 
-    async def ingest_answer(self, session_id: str, turn: int, message: dict | None, usage: dict, at: int = -1) -> None:
+    async def _hold(self, session_id: str, answer: Answer, earlier: Answer | None) -> None:
+        if earlier is not None:  # two answers of one session in flight: the earlier one alone, now
+            self._cancel(earlier)
+            await self.store_answer(session_id, earlier)
+        state = self.session(session_id)
+        if state.pending is answer:
+            answer.timer = asyncio.get_running_loop().call_later(self.answer_delay, self._store_later, session_id, answer)
+
+    def _store_later(self, session_id: str, answer: Answer) -> None:
+        task = asyncio.ensure_future(self.store_pending(session_id, answer))
+        self._tasks.add(task)  # held: the loop keeps only a weak reference to a task
+        task.add_done_callback(self._tasks.discard)
+
+    @staticmethod
+    def _cancel(answer: Answer) -> None:
+        if answer.timer is not None:
+            answer.timer.cancel()
+
+    async def store_pending(self, session_id: str, answer: Answer) -> None:
+        """Store `answer` alone if it is still the session's pending one (the timer's end)."""
         state = self.session(session_id)
         async with state.lock:
-            # A next request of the session, rendered meanwhile, has ingested it with its own list.
-            messages = [message] if message is not None and state.turn == turn else []
-            if not messages and not usage:
-                return
-            # Placed after the events its request sent: a resent earlier turn's answer does not land
-            # after the later events the session holds (the engine forks there if it differs).
-            options = ({"usage": usage} if usage else {}) | ({"at": at} if messages else {})
-            try:
-                await run_in_threadpool(self.backend.ingest, session_id, messages, append=True, **options)
-            except Exception as exc:  # noqa: BLE001 - an answer that cannot be stored must not break the agent
-                log.warning("session %s: the answer was not ingested: %s", session_id, exc)
+            if state.pending is not answer:
+                return  # taken by a request meanwhile
+            state.pending = None
+            await self.store_held(session_id, state, answer)
+
+    async def store_all(self) -> None:
+        """Store every pending answer alone (the proxy stops)."""
+        for (session_id, state) in list(self._sessions.items()):
+            if state.pending is not None:
+                self._cancel(state.pending)
+                await self.store_pending(session_id, state.pending)
+
+    async def take_answer(self, session_id: str, state: SessionState, prepared: list) -> Answer | None:
+        """Under the session's lock, before its request is rendered: the pending answer, for the
+        render to store with its usage report, when `prepared` (the list as the session stores it)
+        re-sends it right after the very list its request sent (or it is a usage report alone);
+        else (None) the answer is stored alone first, where it would have been after its response."""
+        answer, state.pending = state.pending, None
+        if answer is None:
+            return None
+        self._cancel(answer)
+        if answer.message is None or (
+            answer.position < len(prepared) and prepared[answer.position] is answer.message
+            and prepared[:answer.position] == answer.sent
+        ):
+            return answer
+        await self.store_held(session_id, state, answer, alone=True)
+        return None
+
+    async def store_answer(self, session_id: str, answer: Answer, alone: bool = False) -> None:
+        state = self.session(session_id)
+        async with state.lock:
+            await self.store_held(session_id, state, answer, alone)
+
+    async def store_held(self, session_id: str, state: SessionState, answer: Answer, alone: bool = False) -> None:
+        """Store the answer alone (the caller holds the session's lock). `alone`: the next request,
+        about to be rendered, does not re-send it (or its render failed)."""
+        # Else a next request of the session, rendered meanwhile, has ingested it with its own list.
+        messages = [answer.message] if answer.message is not None and (alone or state.turn == answer.turn) else []
+        if not messages and not answer.usage:
+            return
+        # Placed after the events its request sent: a resent earlier turn's answer does not land
+        # after the later events the session holds (the engine forks there if it differs).
+        options = ({"usage": answer.usage} if answer.usage else {}) | ({"at": answer.at} if messages else {})
+        try:
+            await run_in_threadpool(self.backend.ingest, session_id, messages, append=True, **options)
+        except Exception as exc:  # noqa: BLE001 - an answer that cannot be stored must not break the agent
+            log.warning("session %s: the answer was not ingested: %s", session_id, exc)
