@@ -18,10 +18,11 @@ trip straight to the upstream with the body the upstream received, sent right af
 and the ratio of ours to ctxkeeper's (target: CPU per request no more than ctxkeeper's).
 
 `--engine-only` leaves HTTP out: the same conversations through an `Engine` in this process, with
-the proxy's two calls per request (the render of the request, then the ingestion of the answer,
-placed after the request's events, with a usage report), and prints the CPU time of each per
-request; with `--checkout`, alternated with the same run in a process of that checkout (its
-.venv, in its folder).
+the proxy's calls (the render of each request, carrying the usage report of the answer it re-sends,
+which it stores; the last answer of a conversation, never re-sent, ingested alone after its
+request's events with its report), and prints the CPU time of each per request; with
+`--checkout`, alternated with the same run in a process of that checkout (its .venv, in its
+folder: an older checkout's proxy made two calls a request, the render and the answer's ingestion).
 
 `--checkout PATH` adds a third proxy, ContextRender from another checkout (run by that checkout's
 .venv), alternated with the two others in every round: a before/after comparison in one run.
@@ -141,21 +142,22 @@ def engine_only(budget: int, talks: list[tuple[str, list[dict]]]) -> dict:
         engine = Engine(state)
         engine.warm_up()
         (render, ingest, requests) = (0.0, 0.0, 0)
+        usage = {"input_tokens": 1000, "output_tokens": 100, "estimated_input_tokens": 1000}
         for (tag, messages) in talks:
             session = f"peer-{tag}"[:200]
-            for j, message in enumerate(messages):
-                if message["role"] != "assistant" or j == 0:
-                    continue
+            turns = [j for (j, message) in enumerate(messages) if message["role"] == "assistant" and j > 0]
+            for j in turns:
                 sent = [normal_form(m) for m in messages[:j]]
                 began = time.process_time()
-                engine.render(session, sent, budget=budget, selector=DEFAULT_SELECTOR)
-                rendered = time.process_time()
-                answer = normal_form({k: message[k] for k in ("role", "content", "tool_calls") if k in message})
-                engine.ingest(session, [answer], append=True, at=chain_events(sent),
-                              usage={"input_tokens": 1000, "output_tokens": 100, "estimated_input_tokens": 1000})
-                ingest += time.process_time() - rendered
-                render += rendered - began
+                # The previous answer (in `sent`) and its report, stored by this render.
+                engine.render(session, sent, budget=budget, selector=DEFAULT_SELECTOR, **({"usage": usage} if j != turns[0] else {}))
+                render += time.process_time() - began
                 requests += 1
+            # The last answer, which no request re-sends: alone, as the proxy stores it.
+            began = time.process_time()
+            answer = normal_form({k: messages[turns[-1]][k] for k in ("role", "content", "tool_calls") if k in messages[turns[-1]]})
+            engine.ingest(session, [answer], append=True, at=chain_events([normal_form(m) for m in messages[:turns[-1]]]), usage=usage)
+            ingest += time.process_time() - began
         engine.close()
     return {"requests": requests, "render_ms": render * 1000 / requests, "ingest_ms": ingest * 1000 / requests}
 

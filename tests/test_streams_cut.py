@@ -80,7 +80,8 @@ def cut_proxy(engine, upstream):
     def start(keep: int = 5, how: str = "end", gzip: bool = False) -> str:
         cutter = CuttingUpstream(upstream, keep, how, gzip)
         servers.append(LoopbackServer(cutter.app).__enter__())
-        start.finished = Finished(create_app(engine, servers[-1].url + "/v1", BUDGET))
+        # Each answer stored alone right after its response (no delay): `finished` then means stored.
+        start.finished = Finished(create_app(engine, servers[-1].url + "/v1", BUDGET, answer_delay=0))
         proxy = LoopbackServer(start.finished)
         servers.append(proxy.__enter__())
         return proxy.url
