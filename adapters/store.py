@@ -19,9 +19,8 @@ in-process Engine, adapters/local.py, both answer it with `SharedSqliteStore`):
   result's text, a session's render log), byte for byte jaclang's row (tests/test_store.py).
 - **Connections reused**: a closed context's idle connection is kept, a few per file, for the
   next context on the same file while the file is the one it opened; `release` closes them.
-- **No write to open the store**: the schema is created (or a legacy store migrated) only when it
-  is not the current one (jaclang wrote its schema row at every connection: a write each read
-  call waited for).
+- **No write to open the store**: the schema is created (or a legacy store migrated) only when not
+  current (jaclang wrote its schema row at every connection: a write each read call waited for).
 
 Everything else (reads, quarantine, the stored format) is jaclang's: stores written before read and
 write as they did. With MongoDB (MONGODB_URI, jac-scale) the hook answers nothing: jac-scale's backend.
@@ -179,7 +178,8 @@ class SharedSqliteStore(jac_memory.SqliteMemory):
         # The store's own (re-entrant) lock, which jaclang's apply takes too: the rows are this flush's.
         with self.__lock__:
             ahead = self._write_ahead(rows) if len(rows) > WRITE_AHEAD_BATCH else set()
-            self._prepared, self._written_ahead = rows, ahead
+            self._prepared = {key: row for (key, row) in rows.items() if key not in ahead} if ahead else rows
+            self._written_ahead = ahead
             try:
                 report = super().apply(changeset)
             finally:
@@ -261,8 +261,8 @@ class SharedSqliteStore(jac_memory.SqliteMemory):
                 for row in rows]
 
     def _stored_among_prepared(self, conn: sqlite3.Connection) -> set[str]:
-        """The ids of this flush's prepared rows (its created anchors) a row is stored under, read once
-        per flush in blocks of 500 inside its write transaction (no other writer runs until it ends)."""
+        """The ids of this flush's prepared rows (its created anchors not written ahead) a row is stored
+        under, read once per flush in blocks of 500 inside its write transaction (no other writer runs)."""
         prepared = getattr(self, "_prepared", None) or {}
         if getattr(self, "_probed_for", None) is not prepared:
             ids = [str(key) for key in prepared]
