@@ -67,8 +67,10 @@ def test_rows_are_serialised_before_the_write_transaction(tmp_path, monkeypatch)
     engine = Engine(tmp_path / "store")
     engine.ingest("s", [user("start")])
     order: list[str] = []
-    to_row = store.jac_memory._anchor_to_row
-    monkeypatch.setattr(store.jac_memory, "_anchor_to_row", lambda anchor: order.append("row") or to_row(anchor))
+    # A created anchor's row (adapters/rows.py) and jaclang's (a merge it makes whole).
+    (to_row, jaclang_row) = (store.anchor_row, store.jac_memory._anchor_to_row)
+    monkeypatch.setattr(store, "anchor_row", lambda anchor: order.append("row") or to_row(anchor))
+    monkeypatch.setattr(store.jac_memory, "_anchor_to_row", lambda anchor: order.append("row") or jaclang_row(anchor))
     connect = sqlite3.connect
 
     def traced(*args, **kwargs):
