@@ -18,6 +18,8 @@ in-process Engine, adapters/local.py, both answer it with `SharedSqliteStore`):
   and a stored row merged on its text for an edge-list change or a changed field (jaclang
   deserialises the node, sets the change and serialises it whole: a result's text, a session's
   render log), byte for byte jaclang's rows (tests/test_rows.py, tests/test_store.py).
+- **No collector pass in a flush**: Python's cyclic collector is off while a flush serialises and
+  writes its rows (its full passes scan every object of the process to free almost nothing).
 - **Connections reused**: a closed context's idle connection is kept, a few per file, for the
   next context on the same file while the file is the one it opened; `release` closes them.
 - **No write to open the store**: the schema is created (or a legacy store migrated) only when not
@@ -29,10 +31,13 @@ write as they did. With MongoDB (MONGODB_URI, jac-scale) the hook answers nothin
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import json
 import os
 import sqlite3
 import threading
+from collections.abc import Iterator
 from typing import Any
 from uuid import UUID
 
@@ -107,6 +112,18 @@ def _in_blocks(conn: sqlite3.Connection, sql: str, ids: list[str], params: tuple
     return found
 
 
+@contextlib.contextmanager
+def collector_held() -> Iterator[None]:
+    """Python's cyclic collector held off inside, and left as it was after."""
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if collecting:
+            gc.enable()
+
+
 def busy_timeout() -> float:
     """Seconds a writer waits for another's commit: CONTEXTRENDER_STORE_BUSY_TIMEOUT (default 120)."""
     return positive_number("CONTEXTRENDER_STORE_BUSY_TIMEOUT", DEFAULT_BUSY_TIMEOUT, unit="seconds")
@@ -168,6 +185,10 @@ class SharedSqliteStore(jac_memory.SqliteMemory):
         nodes and edges serialised before the transaction takes the write lock."""
         if changeset.is_empty():
             return jac_memory.ApplyReport()
+        with collector_held():
+            return self._apply(changeset)
+
+    def _apply(self, changeset: ChangeSet) -> Any:
         from contextrender import core
 
         give_way = core.give_way  # the serialisation of a long call's rows gives way (engine/courtesy.jac)

@@ -330,3 +330,15 @@ def test_rows_written_ahead_of_a_flush_that_is_not_applied_are_taken_back(tmp_pa
         pass
     monkeypatch.undo()
     assert (_rows(engine), engine.get_session("s")["events"]) == before
+
+
+def test_the_cyclic_collector_is_held_off_while_a_flush_serialises_and_writes(tmp_path, monkeypatch):
+    import gc
+
+    engine = Engine(tmp_path / "store")
+    seen: list[bool] = []
+    row = store.anchor_row
+    monkeypatch.setattr(store, "anchor_row", lambda anchor: seen.append(gc.isenabled()) or row(anchor))
+    engine.ingest("s", _tool_rounds(3))
+    assert seen and not any(seen)
+    assert gc.isenabled()
