@@ -150,3 +150,22 @@ def test_the_cyclic_collector_is_held_off_while_a_call_makes_its_nodes(engine, m
     finally:
         gc.enable()
     assert engine.get_session("s")["events"] == len(run(5)) - 1
+
+
+def test_jaclangs_edge_builder_is_asked_once_per_edge_class(engine, monkeypatch):
+    """`build_edge` answers a new builder at each call (a hook call through jaclang's dispatch per
+    edge); the builder of each edge class is kept, and the graph is the one built before."""
+    import walkers.ingest as ingest_module
+    from jaclang import JacRuntime
+
+    asked: list = []
+    build_edge = JacRuntime.build_edge
+    monkeypatch.setattr(JacRuntime, "build_edge", lambda **kwargs: asked.append(kwargs["conn_type"]) or build_edge(**kwargs))
+    monkeypatch.setattr(ingest_module, "EDGE_BUILDERS", {})
+    engine.ingest("s", run(6))
+    classes = [kind for kind in asked if isinstance(kind, type)]
+    assert sorted(kind.__name__ for kind in classes) == ["Answered", "Calls", "Next"]
+    graph = engine.export_graph("s")
+    assert sorted({e["kind"] for e in graph["edges"]}) >= ["Answered", "Calls", "Next"]
+    assert sum(1 for e in graph["edges"] if e["kind"] == "Next") == len(run(6)) - 1
+    assert sum(1 for e in graph["edges"] if e["kind"] == "Answered") == 6
