@@ -169,3 +169,32 @@ def test_jaclangs_edge_builder_is_asked_once_per_edge_class(engine, monkeypatch)
     assert sorted({e["kind"] for e in graph["edges"]}) >= ["Answered", "Calls", "Next"]
     assert sum(1 for e in graph["edges"] if e["kind"] == "Next") == len(run(6)) - 1
     assert sum(1 for e in graph["edges"] if e["kind"] == "Answered") == 6
+
+
+def test_an_edge_to_a_stored_node_asks_its_access_check_as_connect_would(engine, monkeypatch):
+    """Ingestion builds an edge to a node loaded from the store (the chain's tail, a result reused
+    again) without jaclang's connect and its dispatch: the stored end's check is asked as connect
+    asks it, the new end's is not (jaclang answers WRITE for it unasked), and the graph is the
+    one connect builds."""
+    import walkers.ingest as ingest_module
+    from jaclang.jac0core.runtime import JacRuntimeInterface
+
+    # The last answer reuses a value of a stored result (a `Reuses` edge to it).
+    messages = run(8) + [user("And ORD-1002?"), assistant("ORD-1002 went to depot 2 as well.")]
+    for session in ("lean", "connect"):
+        engine.ingest(session, messages[:8])
+    asked: list = []
+    check = JacRuntimeInterface.check_connect_access  # connect's and `_link`'s (JacRuntime inherits it)
+    monkeypatch.setattr(JacRuntimeInterface, "check_connect_access",
+                        lambda anchor, op_hint="connect": (op_hint == "edge_write" and asked.append(anchor.hash)) or check(anchor, op_hint=op_hint))
+    engine.ingest("lean", messages)
+    assert len(asked) >= 2 and all(hashed != 0 for hashed in asked)  # the chain's tail, the reused result
+    (lean_asked, asked[:]) = (len(asked), [])
+    monkeypatch.setattr(ingest_module, "_jaclang_connects", lambda: False)
+    engine.ingest("connect", messages)  # jaclang's connect asks for both ends, new ones too
+    assert len([hashed for hashed in asked if hashed != 0]) == lean_asked
+    assert any(hashed == 0 for hashed in asked)
+    (lean, plain) = (engine.export_graph(s) for s in ("lean", "connect"))
+    assert sorted(e["kind"] for e in lean["edges"]) == sorted(e["kind"] for e in plain["edges"])
+    assert len(lean["nodes"]) == len(plain["nodes"])
+    assert engine.render("lean", messages, budget=600).messages == engine.render("connect", messages, budget=600).messages
