@@ -9,7 +9,7 @@ without jaclang's generic serialiser where it can be:
 
 jaclang's serialiser finds an archetype's fields with `dir()` on each instance (every class of the
 MRO merged and sorted, each name looked up twice to skip the callable ones) and sends every value
-through a chain of `isinstance` tests: a third of a long ingestion's CPU time went to it. Here the
+through a chain of `isinstance` tests: a third of the samples of a 2,000-result ingestion went to it. Here the
 names are worked out once per class (and per shape of the instance's own attributes), and values of
 the JSON types (exact `str`, `int`, `float`, `bool`, `None`, and lists and dicts of them) are taken as
 they are; anything else (an enum, an object, a subclass of a JSON type) goes to jaclang's
@@ -57,6 +57,8 @@ _names: dict[tuple, tuple[str, ...]] = {}
 
 
 def _class_names(cls: type) -> frozenset | None:
+    """The public names of `cls` (its MRO's) that are not methods, or None when its instances are
+    left to jaclang's serialiser."""
     if cls in _classes:
         return _classes[cls]
     found: frozenset | None = None

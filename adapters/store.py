@@ -286,7 +286,8 @@ class SharedSqliteStore(jac_memory.SqliteMemory):
         under, read once per flush in blocks of ID_BLOCK inside its write transaction (no other writer runs)."""
         prepared = getattr(self, "_prepared", None) or {}
         if getattr(self, "_probed_for", None) is not prepared:
-            found = {row[0] for row in _in_blocks(conn, "SELECT id FROM anchors WHERE id IN (?ids)", [str(key) for key in prepared])}
+            ids = [str(key) for key in prepared]
+            found = {row[0] for row in _in_blocks(conn, "SELECT id FROM anchors WHERE id IN (?ids)", ids)}
             (self._probed_for, self._probed) = (prepared, found)
         return self._probed
 

@@ -186,7 +186,8 @@ def test_an_edge_to_a_stored_node_asks_its_access_check_as_connect_would(engine,
     asked: list = []
     check = JacRuntimeInterface.check_connect_access  # connect's and `_link`'s (JacRuntime inherits it)
     monkeypatch.setattr(JacRuntimeInterface, "check_connect_access",
-                        lambda anchor, op_hint="connect": (op_hint == "edge_write" and asked.append(anchor.hash)) or check(anchor, op_hint=op_hint))
+                        lambda anchor, op_hint="connect":
+                        (op_hint == "edge_write" and asked.append(anchor.hash)) or check(anchor, op_hint=op_hint))
     engine.ingest("lean", messages)
     assert len(asked) >= 2 and all(hashed != 0 for hashed in asked)  # the chain's tail, the reused result
     (lean_asked, asked[:]) = (len(asked), [])
