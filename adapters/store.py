@@ -14,9 +14,12 @@ in-process Engine, adapters/local.py, both answer it with `SharedSqliteStore`):
   between them; nothing stored reaches them until the flush's own transaction writes the changed
   stored nodes (their edge lists). Rows written ahead that the flush does not apply are deleted
   again; a process killed between leaves only rows nothing reaches.
-- **A stored row merged on its text**: an edge-list change or a changed field is merged into the
-  stored row's JSON (jaclang deserialises the node, sets the change and serialises it whole: a
-  result's text, a session's render log), byte for byte jaclang's row (tests/test_store.py).
+- **Rows made without jaclang's generic serialiser** (adapters/rows.py): a created anchor's row,
+  and a stored row merged on its text for an edge-list change or a changed field (jaclang
+  deserialises the node, sets the change and serialises it whole: a result's text, a session's
+  render log), byte for byte jaclang's rows (tests/test_rows.py, tests/test_store.py).
+- **No collector pass in a flush**: Python's cyclic collector is off while a flush serialises and
+  writes its rows (its full passes scan every object of the process to free almost nothing).
 - **Connections reused**: a closed context's idle connection is kept, a few per file, for the
   next context on the same file while the file is the one it opened; `release` closes them.
 - **No write to open the store**: the schema is created (or a legacy store migrated) only when not
@@ -28,11 +31,13 @@ write as they did. With MongoDB (MONGODB_URI, jac-scale) the hook answers nothin
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import json
 import os
 import sqlite3
 import threading
-from datetime import datetime, timezone
+from collections.abc import Iterator
 from typing import Any
 from uuid import UUID
 
@@ -41,26 +46,21 @@ from contextrender.settings import positive_number
 
 import_jaclang()  # before any jaclang import of this module: without the server's plugins
 
-from jaclang.jac0core.archetype import NodeAnchor, Root  # noqa: E402
+from jaclang.jac0core.archetype import Root  # noqa: E402
 from jaclang.jac0core.runtime import hookimpl, plugin_manager  # noqa: E402
 from jaclang.runtimelib import memory as jac_memory  # noqa: E402
 from jaclang.runtimelib.changeset import ChangeSet, WriteIntent  # noqa: E402
-from jaclang.runtimelib.exceptions import WriteConflict  # noqa: E402
-from jaclang.runtimelib.serializer import Serializer  # noqa: E402
-from jaclang.runtimelib.typecache import get_field_types  # noqa: E402
+
+from contextrender.rows import INSERT_ROW as _INSERT, anchor_row, merge_stored_text  # noqa: E402
 
 
 __all__ = ["SharedSqliteStore", "StorePlugin", "busy_timeout", "install", "release"]
 
 DEFAULT_BUSY_TIMEOUT = 120.0
-# jaclang's insert of a whole row (SqliteMemory._merge_write, its branch for a row not stored yet).
-_INSERT = """
-    INSERT OR REPLACE INTO anchors
-        (id, type, arch_module, arch_type, fingerprint, data, format_version, updated_at)
-    VALUES (?, ?, ?, ?, ?, ?, ?, ?)
-"""
 # jaclang's insert of a new row, only where no row with its id is stored (a create's first branch).
 _INSERT_NEW = _INSERT.replace("INSERT OR REPLACE", "INSERT OR IGNORE")
+# Ids bound to one `IN (...)` list (within the 999 parameters a statement of an older SQLite takes).
+ID_BLOCK = 500
 # A flush creating more rows than this writes them ahead in transactions of this many.
 WRITE_AHEAD_BATCH = 2000
 _TABLES = ("anchors", "anchors_quarantine", "schema_meta", "aliases")
@@ -100,6 +100,28 @@ def release(path: str | os.PathLike[str]) -> None:
         kept = _idle.pop(str(path), [])
     for (conn, _) in kept:
         conn.close()
+
+
+def _in_blocks(conn: sqlite3.Connection, sql: str, ids: list[str], params: tuple = ()) -> list:
+    """The rows of `sql` run once per block of ID_BLOCK `ids`: its "(?ids)" is the block's
+    placeholders (an `IN (...)` list), followed by `params`."""
+    found: list = []
+    for start in range(0, len(ids), ID_BLOCK):
+        block = ids[start:start + ID_BLOCK]
+        found += conn.execute(sql.replace("(?ids)", f"({', '.join('?' * len(block))})"), (*block, *params)).fetchall()
+    return found
+
+
+@contextlib.contextmanager
+def collector_held() -> Iterator[None]:
+    """Python's cyclic collector held off inside, and left as it was after."""
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if collecting:
+            gc.enable()
 
 
 def busy_timeout() -> float:
@@ -163,6 +185,10 @@ class SharedSqliteStore(jac_memory.SqliteMemory):
         nodes and edges serialised before the transaction takes the write lock."""
         if changeset.is_empty():
             return jac_memory.ApplyReport()
+        with collector_held():
+            return self._apply(changeset)
+
+    def _apply(self, changeset: ChangeSet) -> Any:
         from contextrender import core
 
         give_way = core.give_way  # the serialisation of a long call's rows gives way (engine/courtesy.jac)
@@ -172,7 +198,7 @@ class SharedSqliteStore(jac_memory.SqliteMemory):
                 give_way()
                 if intent.is_create() and not intent.is_delete():
                     try:
-                        rows[intent.anchor.id] = jac_memory._anchor_to_row(intent.anchor)
+                        rows[intent.anchor.id] = anchor_row(intent.anchor)
                     except Exception:  # noqa: BLE001  (jaclang reports it from inside, as before)
                         pass
         # The store's own (re-entrant) lock, which jaclang's apply takes too: the rows are this flush's.
@@ -215,11 +241,9 @@ class SharedSqliteStore(jac_memory.SqliteMemory):
 
     def _take_back(self, ids: set) -> None:
         """Delete rows written ahead that their flush did not apply (nothing stored reaches them)."""
-        keys = [str(key) for key in ids]
         self.__conn__.commit()
         with self.__conn__ as conn:
-            for chunk in (keys[start:start + 500] for start in range(0, len(keys), 500)):
-                conn.execute(f"DELETE FROM anchors WHERE id IN ({', '.join('?' * len(chunk))})", chunk)
+            _in_blocks(conn, "DELETE FROM anchors WHERE id IN (?ids)", [str(key) for key in ids])
 
     def edge_targets(self, node: UUID, edge_ids: list[UUID], via: type, cls: type, fields: tuple[str, ...],
                      root: UUID) -> list[tuple[UUID, dict]] | None:
@@ -231,28 +255,25 @@ class SharedSqliteStore(jac_memory.SqliteMemory):
         if not all(name.isidentifier() for name in fields):
             raise ValueError(f"field names only: {fields!r}")
         picks = ", ".join(f"n.data -> '$.archetype.{name}'" for name in fields)
-        rows: list = []
+        ids = [str(e) for e in edge_ids]
         with self.__lock__:
             if self.__conn__ is None and os.path.exists(self.path):
                 self._ensure_connection()
             if self.__conn__ is None:
                 return []
-            ids = [str(e) for e in edge_ids]
             try:
-                for start in range(0, len(ids), 500):
-                    chunk = ids[start:start + 500]
-                    rows += self.__conn__.execute(
-                        f"SELECT first.id, step.key, n.id, {picks} FROM anchors AS first"
-                        " JOIN anchors AS mid ON mid.id = json_extract(first.data, '$.target')"
-                        " JOIN json_each(mid.data, '$.edges') AS step"
-                        " JOIN anchors AS second ON second.id = step.value"
-                        " JOIN anchors AS n ON n.id = json_extract(second.data, '$.target')"
-                        f" WHERE first.id IN ({', '.join('?' * len(chunk))}) AND json_extract(first.data, '$.source') = ?"
-                        " AND json_extract(second.data, '$.source') = mid.id"
-                        " AND mid.arch_module = ? AND mid.arch_type = ? AND json_extract(mid.data, '$.root') = ?"
-                        " AND n.arch_module = ? AND n.arch_type = ? AND json_extract(n.data, '$.root') = ?",
-                        (*chunk, str(node), via.__module__, via.__name__, str(root), cls.__module__, cls.__name__, str(root)),
-                    ).fetchall()
+                rows = _in_blocks(
+                    self.__conn__,
+                    f"SELECT first.id, step.key, n.id, {picks} FROM anchors AS first"
+                    " JOIN anchors AS mid ON mid.id = json_extract(first.data, '$.target')"
+                    " JOIN json_each(mid.data, '$.edges') AS step"
+                    " JOIN anchors AS second ON second.id = step.value"
+                    " JOIN anchors AS n ON n.id = json_extract(second.data, '$.target')"
+                    " WHERE first.id IN (?ids) AND json_extract(first.data, '$.source') = ?"
+                    " AND json_extract(second.data, '$.source') = mid.id"
+                    " AND mid.arch_module = ? AND mid.arch_type = ? AND json_extract(mid.data, '$.root') = ?"
+                    " AND n.arch_module = ? AND n.arch_type = ? AND json_extract(n.data, '$.root') = ?",
+                    ids, (str(node), via.__module__, via.__name__, str(root), cls.__module__, cls.__name__, str(root)))
             except sqlite3.OperationalError:
                 return None  # no JSON functions in this SQLite
         order = {e: i for (i, e) in enumerate(ids)}
@@ -262,15 +283,11 @@ class SharedSqliteStore(jac_memory.SqliteMemory):
 
     def _stored_among_prepared(self, conn: sqlite3.Connection) -> set[str]:
         """The ids of this flush's prepared rows (its created anchors not written ahead) a row is stored
-        under, read once per flush in blocks of 500 inside its write transaction (no other writer runs)."""
+        under, read once per flush in blocks of ID_BLOCK inside its write transaction (no other writer runs)."""
         prepared = getattr(self, "_prepared", None) or {}
         if getattr(self, "_probed_for", None) is not prepared:
             ids = [str(key) for key in prepared]
-            found: set[str] = set()
-            for start in range(0, len(ids), 500):
-                chunk = ids[start:start + 500]
-                found.update(row[0] for row in conn.execute(
-                    f"SELECT id FROM anchors WHERE id IN ({', '.join('?' * len(chunk))})", chunk))
+            found = {row[0] for row in _in_blocks(conn, "SELECT id FROM anchors WHERE id IN (?ids)", ids)}
             (self._probed_for, self._probed) = (prepared, found)
         return self._probed
 
@@ -297,73 +314,9 @@ class SharedSqliteStore(jac_memory.SqliteMemory):
         super()._merge_write(conn, intent)
 
     def _merge_stored_text(self, conn: sqlite3.Connection, key: str, stored: tuple, intent: WriteIntent) -> bool:
-        """jaclang's merge of an edge-list change and dirty fields into the stored row, made on the
-        row's JSON instead of on the node deserialised from it and serialised whole again: the
-        stored values are kept as stored, only the edge list, the version, the access and the dirty
-        fields are replaced, each as jaclang would serialise it. So a node's large contents (a
-        result's text, a session's system prompt and render log) are not deserialised, serialised
-        and hashed again when the node gets an edge or a counter changes. Only for a node stored
-        in the current format of its current class (the same fields, so the stored row is what
-        jaclang would write for it); False for anything else, which jaclang merges."""
-        anchor = intent.anchor
-        arch = anchor.archetype
-        if intent.is_create() or not isinstance(anchor, NodeAnchor) or arch is None or isinstance(arch, Root):
-            return False
-        cls = type(arch)
-        (_, arch_module, arch_type, fingerprint, text, format_version) = stored
-        if (arch_module, arch_type) != (cls.__module__, cls.__name__) or format_version != jac_memory.SQLITE_DB_FORMAT_VERSION \
-                or not fingerprint or fingerprint != getattr(cls, "__jac_fingerprint__", None):
-            return False
-        try:
-            data = json.loads(text)
-        except ValueError:
-            return False
-        fields = get_field_types(cls)
-        stored_arch = data.get("archetype")
-        if not isinstance(stored_arch, dict) or set(stored_arch) - {"__type__", "__module__"} != set(fields) \
-                or not isinstance(data.get("edges"), list) or not isinstance(data.get("version"), int):
-            return False
-        changed = False
-        own_ids = [e.id for e in anchor.edges]
-        edges = [str(e) for e in own_ids]
-        if data["edges"] != edges:
-            delta = anchor.edge_delta()
-            if delta is not None:
-                # As jaclang: the delta applied to the stored list (a concurrent writer's edges
-                # survive), in the order its set gives, after its version check.
-                added, removed = set(delta[0]), set(delta[1])
-                if (added or removed) and intent.cas_version is not None and data["version"] != intent.cas_version:
-                    raise WriteConflict(anchor_id=anchor.id, expected_version=intent.cas_version, actual_version=data["version"])
-                # The stored ids the node holds too are taken from its edges, not parsed again (the
-                # same ids, so the same set and its order); only a concurrent writer's are parsed.
-                id_of = dict(zip(edges, own_ids))
-                text_of = dict(zip(own_ids, edges))
-                stored_ids = [id_of.get(e) or UUID(e) for e in data["edges"]]
-                known = set(stored_ids) | set(own_ids)
-                merged = (set(stored_ids) | added) - removed
-                data["edges"] = [text_of.get(e) or str(e) for e in merged if e in known]
-                if added or removed:
-                    data["version"] += 1
-                    anchor.version = data["version"]
-            else:
-                data["edges"] = edges
-            if not data["edges"]:
-                conn.execute("DELETE FROM anchors WHERE id = ?", (key,))
-                return True
-            changed = True
-        access = Serializer._serialize_value(anchor.access, include_type=True)
-        if json.dumps(data.get("access"), sort_keys=True, default=str) != json.dumps(access, sort_keys=True, default=str):
-            data["access"] = access
-            changed = True
-        dirty = [f for f in intent.fields if f in fields]
-        for name in dirty:
-            stored_arch[name] = Serializer._serialize_value(getattr(arch, name), include_type=True)
-        if intent.fields:
-            changed = True  # as jaclang: a flagged field is written, even to the same value
-        if changed:
-            conn.execute(_INSERT, (key, "NodeAnchor", arch_module, arch_type, fingerprint, json.dumps(data),
-                                   jac_memory.SQLITE_DB_FORMAT_VERSION, datetime.now(timezone.utc).isoformat()))
-        return True
+        """jaclang's merge of an intent into a stored row, made on the row's JSON where it can be
+        (adapters/rows.py `merge_stored_text`); False when jaclang must merge it."""
+        return merge_stored_text(conn, key, stored, intent)
 
 
 class StorePlugin:

@@ -126,3 +126,76 @@ def test_edges_between_new_nodes_skip_connects_checks_only_while_jaclang_answers
     (plain, checked) = (engine.export_graph(s) for s in ("plain", "checked"))
     assert len(plain["nodes"]) == len(checked["nodes"]) and len(plain["edges"]) == len(checked["edges"])
     assert sorted(e["kind"] for e in plain["edges"]) == sorted(e["kind"] for e in checked["edges"])
+
+
+def test_the_cyclic_collector_is_held_off_while_a_call_makes_its_nodes(engine, monkeypatch):
+    """Python's full collections scanned every object of the process three or four times during a
+    2,000-result ingestion (a fifth of its CPU time) to free almost nothing: the nodes a call makes
+    live until it ends. The collector is off while ingestion places and links them, and as it was after."""
+    import gc
+
+    from engine.index import SessionIndex
+
+    seen: list[bool] = []
+    add = SessionIndex.add
+    monkeypatch.setattr(SessionIndex, "add", lambda self, *args, **kwargs: seen.append(gc.isenabled()) or add(self, *args, **kwargs))
+    assert gc.isenabled()
+    engine.ingest("s", run(4))
+    assert len(seen) == len(run(4)) - 1 and not any(seen)  # each event but the system message
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        engine.ingest("s", run(5))
+        assert not gc.isenabled()  # left as it was
+    finally:
+        gc.enable()
+    assert engine.get_session("s")["events"] == len(run(5)) - 1
+
+
+def test_jaclangs_edge_builder_is_asked_once_per_edge_class(engine, monkeypatch):
+    """`build_edge` answers a new builder at each call (a hook call through jaclang's dispatch per
+    edge); the builder of each edge class is kept, and the graph is the one built before."""
+    import walkers.ingest as ingest_module
+    from jaclang import JacRuntime
+
+    asked: list = []
+    build_edge = JacRuntime.build_edge
+    monkeypatch.setattr(JacRuntime, "build_edge", lambda **kwargs: asked.append(kwargs["conn_type"]) or build_edge(**kwargs))
+    monkeypatch.setattr(ingest_module, "EDGE_BUILDERS", {})
+    engine.ingest("s", run(6))
+    classes = [kind for kind in asked if isinstance(kind, type)]
+    assert sorted(kind.__name__ for kind in classes) == ["Answered", "Calls", "Next"]
+    graph = engine.export_graph("s")
+    assert sorted({e["kind"] for e in graph["edges"]}) >= ["Answered", "Calls", "Next"]
+    assert sum(1 for e in graph["edges"] if e["kind"] == "Next") == len(run(6)) - 1
+    assert sum(1 for e in graph["edges"] if e["kind"] == "Answered") == 6
+
+
+def test_an_edge_to_a_stored_node_asks_its_access_check_as_connect_would(engine, monkeypatch):
+    """Ingestion builds an edge to a node loaded from the store (the chain's tail, a result reused
+    again) without jaclang's connect and its dispatch: the stored end's check is asked as connect
+    asks it, the new end's is not (jaclang answers WRITE for it unasked), and the graph is the
+    one connect builds."""
+    import walkers.ingest as ingest_module
+    from jaclang.jac0core.runtime import JacRuntimeInterface
+
+    # The last answer reuses a value of a stored result (a `Reuses` edge to it).
+    messages = run(8) + [user("And ORD-1002?"), assistant("ORD-1002 went to depot 2 as well.")]
+    for session in ("lean", "connect"):
+        engine.ingest(session, messages[:8])
+    asked: list = []
+    check = JacRuntimeInterface.check_connect_access  # connect's and `_link`'s (JacRuntime inherits it)
+    monkeypatch.setattr(JacRuntimeInterface, "check_connect_access",
+                        lambda anchor, op_hint="connect":
+                        (op_hint == "edge_write" and asked.append(anchor.hash)) or check(anchor, op_hint=op_hint))
+    engine.ingest("lean", messages)
+    assert len(asked) >= 2 and all(hashed != 0 for hashed in asked)  # the chain's tail, the reused result
+    (lean_asked, asked[:]) = (len(asked), [])
+    monkeypatch.setattr(ingest_module, "_jaclang_connects", lambda: False)
+    engine.ingest("connect", messages)  # jaclang's connect asks for both ends, new ones too
+    assert len([hashed for hashed in asked if hashed != 0]) == lean_asked
+    assert any(hashed == 0 for hashed in asked)
+    (lean, plain) = (engine.export_graph(s) for s in ("lean", "connect"))
+    assert sorted(e["kind"] for e in lean["edges"]) == sorted(e["kind"] for e in plain["edges"])
+    assert len(lean["nodes"]) == len(plain["nodes"])
+    assert engine.render("lean", messages, budget=600).messages == engine.render("connect", messages, budget=600).messages

@@ -67,8 +67,10 @@ def test_rows_are_serialised_before_the_write_transaction(tmp_path, monkeypatch)
     engine = Engine(tmp_path / "store")
     engine.ingest("s", [user("start")])
     order: list[str] = []
-    to_row = store.jac_memory._anchor_to_row
-    monkeypatch.setattr(store.jac_memory, "_anchor_to_row", lambda anchor: order.append("row") or to_row(anchor))
+    # A created anchor's row (adapters/rows.py) and jaclang's (a merge it makes whole).
+    (to_row, jaclang_row) = (store.anchor_row, store.jac_memory._anchor_to_row)
+    monkeypatch.setattr(store, "anchor_row", lambda anchor: order.append("row") or to_row(anchor))
+    monkeypatch.setattr(store.jac_memory, "_anchor_to_row", lambda anchor: order.append("row") or jaclang_row(anchor))
     connect = sqlite3.connect
 
     def traced(*args, **kwargs):
@@ -328,3 +330,15 @@ def test_rows_written_ahead_of_a_flush_that_is_not_applied_are_taken_back(tmp_pa
         pass
     monkeypatch.undo()
     assert (_rows(engine), engine.get_session("s")["events"]) == before
+
+
+def test_the_cyclic_collector_is_held_off_while_a_flush_serialises_and_writes(tmp_path, monkeypatch):
+    import gc
+
+    engine = Engine(tmp_path / "store")
+    seen: list[bool] = []
+    row = store.anchor_row
+    monkeypatch.setattr(store, "anchor_row", lambda anchor: seen.append(gc.isenabled()) or row(anchor))
+    engine.ingest("s", _tool_rounds(3))
+    assert seen and not any(seen)
+    assert gc.isenabled()

@@ -1,0 +1,214 @@
+"""The rows the store (adapters/store.py) writes, byte for byte the rows jaclang writes, made
+without jaclang's generic serialiser where it can be:
+
+- **A created anchor's row** (`anchor_row`): jaclang's `_anchor_to_row` (the anchor through
+  `Serializer.serialize(anchor, include_type=True)`, dumped by `json.dumps`, with its class's
+  columns).
+- **A stored row merged on its text** (`merge_stored_text`): jaclang's merge of an edge-list
+  change and dirty fields, made on the row's JSON (tests/test_store.py compares it with jaclang's).
+
+jaclang's serialiser finds an archetype's fields with `dir()` on each instance (every class of the
+MRO merged and sorted, each name looked up twice to skip the callable ones) and sends every value
+through a chain of `isinstance` tests: a third of the samples of a 2,000-result ingestion went to it. Here the
+names are worked out once per class (and per shape of the instance's own attributes), and values of
+the JSON types (exact `str`, `int`, `float`, `bool`, `None`, and lists and dicts of them) are taken as
+they are; anything else (an enum, an object, a subclass of a JSON type) goes to jaclang's
+`Serializer._serialize_value`, and a root, a walker's or an object's anchor, an archetype with
+schema rules (`__jac_schema__`) or with a descriptor jaclang's `dir()` walk would evaluate (a
+property) to jaclang's `_anchor_to_row` whole. tests/test_rows.py compares the rows with jaclang's.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import types
+from datetime import datetime, timezone
+from typing import Any
+from uuid import UUID
+
+from contextrender.jaclang_setup import import_jaclang
+
+import_jaclang()  # before any jaclang import of this module: without the server's plugins
+
+from jaclang.jac0core.archetype import Access, EdgeAnchor, NodeAnchor, Permission, Root  # noqa: E402
+from jaclang.runtimelib import memory as jac_memory  # noqa: E402
+from jaclang.runtimelib.changeset import WriteIntent  # noqa: E402
+from jaclang.runtimelib.exceptions import WriteConflict  # noqa: E402
+from jaclang.runtimelib.serializer import Serializer  # noqa: E402
+from jaclang.runtimelib.typecache import get_field_types  # noqa: E402
+
+__all__ = ["INSERT_ROW", "anchor_row", "merge_stored_text"]
+
+# jaclang's insert of a whole row (SqliteMemory._merge_write, its branch for a row not stored yet).
+INSERT_ROW = """
+    INSERT OR REPLACE INTO anchors
+        (id, type, arch_module, arch_type, fingerprint, data, format_version, updated_at)
+    VALUES (?, ?, ?, ?, ?, ?, ?, ?)
+"""
+
+# Class attributes jaclang's walk always finds callable on an instance (unless the instance shadows them).
+_METHODS = (types.FunctionType, staticmethod, classmethod)
+# archetype class -> its public names that are not methods, or None when jaclang's serialiser must
+# serialise its instances (schema rules, a property or another descriptor, a custom `dir()`).
+_classes: dict[type, frozenset | None] = {}
+# (archetype class, the instance's own attribute names) -> the names jaclang's walk visits, in order.
+_names: dict[tuple, tuple[str, ...]] = {}
+
+
+def _class_names(cls: type) -> frozenset | None:
+    """The public names of `cls` (its MRO's) that are not methods, or None when its instances are
+    left to jaclang's serialiser."""
+    if cls in _classes:
+        return _classes[cls]
+    found: frozenset | None = None
+    if not hasattr(cls, "__jac_schema__") and not hasattr(cls, "__getattr__") and cls.__dir__ is object.__dir__ \
+            and type(cls).__dir__ is type.__dir__ and cls.__getattribute__ is object.__getattribute__:
+        data = set()
+        for name in dir(cls):
+            if name.startswith("_"):
+                continue
+            static = next(klass.__dict__[name] for klass in cls.__mro__ if name in klass.__dict__)
+            if isinstance(static, _METHODS):
+                continue
+            if hasattr(type(static), "__get__"):
+                break  # a property or another descriptor: evaluated by jaclang's walk, left to it
+            data.add(name)
+        else:
+            found = frozenset(data)
+    _classes[cls] = found
+    return found
+
+
+def _attr_names(arch: Any, known: frozenset) -> tuple[str, ...]:
+    """The names `dir(arch)` gives that do not start with "_", in its (sorted) order, but the
+    class's methods that the instance does not shadow (callable: jaclang skips them)."""
+    own = tuple(arch.__dict__)
+    key = (type(arch), own)
+    names = _names.get(key)
+    if names is None:
+        mine = {name for name in own if not name.startswith("_")}
+        names = _names[key] = tuple(sorted(known | mine))
+    return names
+
+
+def _value(val: Any) -> Any:
+    """`Serializer._serialize_value(val, include_type=True)`, the JSON types taken as they are."""
+    kind = type(val)
+    if kind is str or kind is int or kind is float or kind is bool or val is None:
+        return val
+    if kind is list:
+        return [_value(item) for item in val]
+    if kind is dict:
+        return {str(key): _value(item) for (key, item) in val.items()}
+    return Serializer._serialize_value(val, True)
+
+
+def _access(access: Any) -> Any:
+    if type(access) is Permission and type(access.roots) is Access:
+        return {"all": access.all.value, "roots": {"anchors": {str(k): v.value for (k, v) in access.roots.anchors.items()}}}
+    return Serializer._serialize_value(access, True)
+
+
+def anchor_row(anchor: Any) -> tuple:
+    """jaclang's `_anchor_to_row(anchor)`: (type, arch_module, arch_type, fingerprint, data,
+    format_version, updated_at)."""
+    kind = type(anchor)
+    arch = anchor.__dict__.get("archetype")
+    cls = type(arch)
+    known = _class_names(cls) if (kind is NodeAnchor or kind is EdgeAnchor) and arch is not None else None
+    if known is None or not anchor.is_populated() or isinstance(arch, Root):
+        return jac_memory._anchor_to_row(anchor)
+    attrs: dict[str, Any] = {"__type__": cls.__name__, "__module__": cls.__module__}
+    for name in _attr_names(arch, known):
+        value = getattr(arch, name)
+        if not callable(value):
+            attrs[name] = _value(value)
+    attic = getattr(arch, "__jac_attic__", None)
+    if isinstance(attic, dict) and attic:
+        attrs["__jac_attic__"] = Serializer._serialize_value(attic, True)
+    data: dict[str, Any] = {
+        "__type__": kind.__name__, "__module__": kind.__module__, "id": str(anchor.id),
+        "root": str(anchor.root) if anchor.root else None, "persistent": anchor.persistent,
+        "access": _access(anchor.access), "archetype": attrs,
+    }
+    if kind is NodeAnchor:
+        data["edges"] = [str(edge.id) for edge in anchor.edges]
+        data["version"] = anchor.version
+    else:
+        data["source"] = str(anchor.source.id) if anchor.source else None
+        data["target"] = str(anchor.target.id) if anchor.target else None
+        data["is_undirected"] = anchor.is_undirected
+    fingerprint = getattr(cls, "__jac_fingerprint__", None)
+    return (kind.__name__, cls.__module__, cls.__name__, fingerprint if isinstance(fingerprint, str) and fingerprint else None,
+            json.dumps(data), jac_memory.SQLITE_DB_FORMAT_VERSION, datetime.now(timezone.utc).isoformat())
+
+
+def merge_stored_text(conn: sqlite3.Connection, key: str, stored: tuple, intent: WriteIntent) -> bool:
+    """jaclang's merge of an edge-list change and dirty fields into the stored row, made on the
+    row's JSON instead of on the node deserialised from it and serialised whole again: the
+    stored values are kept as stored, only the edge list, the version, the access and the dirty
+    fields are replaced, each as jaclang would serialise it. So a node's large contents (a
+    result's text, a session's system prompt and render log) are not deserialised, serialised
+    and hashed again when the node gets an edge or a counter changes. Only for a node stored
+    in the current format of its current class (the same fields, so the stored row is what
+    jaclang would write for it); False for anything else, which jaclang merges."""
+    anchor = intent.anchor
+    arch = anchor.archetype
+    if intent.is_create() or not isinstance(anchor, NodeAnchor) or arch is None or isinstance(arch, Root):
+        return False
+    cls = type(arch)
+    (_, arch_module, arch_type, fingerprint, text, format_version) = stored
+    if (arch_module, arch_type) != (cls.__module__, cls.__name__) or format_version != jac_memory.SQLITE_DB_FORMAT_VERSION \
+            or not fingerprint or fingerprint != getattr(cls, "__jac_fingerprint__", None):
+        return False
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return False
+    fields = get_field_types(cls)
+    stored_arch = data.get("archetype")
+    if not isinstance(stored_arch, dict) or set(stored_arch) - {"__type__", "__module__"} != set(fields) \
+            or not isinstance(data.get("edges"), list) or not isinstance(data.get("version"), int):
+        return False
+    changed = False
+    own_ids = [e.id for e in anchor.edges]
+    edges = [str(e) for e in own_ids]
+    if data["edges"] != edges:
+        delta = anchor.edge_delta()
+        if delta is not None:
+            # As jaclang: the delta applied to the stored list (a concurrent writer's edges
+            # survive), in the order its set gives, after its version check.
+            added, removed = set(delta[0]), set(delta[1])
+            if (added or removed) and intent.cas_version is not None and data["version"] != intent.cas_version:
+                raise WriteConflict(anchor_id=anchor.id, expected_version=intent.cas_version, actual_version=data["version"])
+            # The stored ids the node holds too are taken from its edges, not parsed again (the
+            # same ids, so the same set and its order); only a concurrent writer's are parsed.
+            id_of = dict(zip(edges, own_ids))
+            text_of = dict(zip(own_ids, edges))
+            stored_ids = [id_of.get(e) or UUID(e) for e in data["edges"]]
+            known = set(stored_ids) | set(own_ids)
+            merged = (set(stored_ids) | added) - removed
+            data["edges"] = [text_of.get(e) or str(e) for e in merged if e in known]
+            if added or removed:
+                data["version"] += 1
+                anchor.version = data["version"]
+        else:
+            data["edges"] = edges
+        if not data["edges"]:
+            conn.execute("DELETE FROM anchors WHERE id = ?", (key,))
+            return True
+        changed = True
+    access = Serializer._serialize_value(anchor.access, include_type=True)
+    if json.dumps(data.get("access"), sort_keys=True, default=str) != json.dumps(access, sort_keys=True, default=str):
+        data["access"] = access
+        changed = True
+    dirty = [f for f in intent.fields if f in fields]
+    for name in dirty:
+        stored_arch[name] = Serializer._serialize_value(getattr(arch, name), include_type=True)
+    if intent.fields:
+        changed = True  # as jaclang: a flagged field is written, even to the same value
+    if changed:
+        conn.execute(INSERT_ROW, (key, "NodeAnchor", arch_module, arch_type, fingerprint, json.dumps(data),
+                               jac_memory.SQLITE_DB_FORMAT_VERSION, datetime.now(timezone.utc).isoformat()))
+    return True
