@@ -52,6 +52,8 @@ class Engine(EndpointMethods):
         self.store = Path(store).resolve()
         self.store.mkdir(parents=True, exist_ok=True)
         self._locks = KeyedLocks()
+        # The anchors the last call left, for the next (adapters/working_set.py KeptAnchors).
+        self._kept = working_set.KeptAnchors()
         self._keepalive = self._open_keepalive()
 
     def _open_keepalive(self) -> sqlite3.Connection | None:
@@ -80,6 +82,7 @@ class Engine(EndpointMethods):
 
     def close(self) -> None:
         """Release the store (the engine's calls still work after it, only slower)."""
+        self._kept.close()
         if self._keepalive is not None:
             store.release(self._keepalive_path)
             self._keepalive.close()
@@ -109,8 +112,11 @@ class Engine(EndpointMethods):
     def _attempt(self, walker: Any) -> Any:
         ctx = JacUtils.create_j_context(user_root=None, base_path_dir=str(self.store))
         # This context commits once: new anchors are not hashed at the commit (adapters/working_set.py).
+        kept = None
         if type(ctx.mem) is working_set.jac_memory.TieredMemory:
             ctx.mem.__class__ = working_set.OneCommitMemory
+            # The anchors the last call left, if nobody else wrote the store since, on their connection.
+            kept = self._kept.lend_to(ctx.mem)
         applied: list[Any] = []
         l3 = ctx.mem.l3
         if l3 is not None:
@@ -119,27 +125,36 @@ class Engine(EndpointMethods):
             l3.apply = lambda changes: applied.append(flush(changes)) or applied[-1]
             # After its flush jaclang hashes every written node again, to tell later commits of
             # the context what is unchanged; this context commits once and is dropped (a quarter
-            # of the commit's time on ingestion).
+            # of the commit's time on ingestion); the anchors kept for the next call are hashed
+            # when it takes them.
             ctx.mem._post_apply = lambda report: None
         token = JacRuntime.push_request_context(ctx)
         try:
             # The spawn ends with jaclang's commit (one transaction), which logs and swallows
             # its own failures: they are read from what the flush reported.
             done = spawn(walker, ctx.get_root())
+            if not applied:
+                # Nothing was flushed: commit what is left (if anything is; closing did it before),
+                # on this call's connection. It raises a lost race.
+                ctx.mem.commit()
             if applied and applied[-1].conflicts:
                 raise applied[-1].conflicts[0]  # a lost race: run again on the winner's graph
             if applied and applied[-1].failed:
                 raise core.ContextRenderError(f"the store did not take this call's writes: {next(iter(applied[-1].failed.values()))}")
-            if applied:
-                # Everything this call changed is stored: closing need not hash every node it
-                # loaded again to look for changes (a third of the commit's time on ingestion).
-                ctx.mem.__mem__.clear()
-            # Else nothing was flushed: closing commits what is left (if anything is) and raises
-            # a lost race. Either way, acknowledged means durable.
+            # Everything this call changed is stored: closing need not hash every node it loaded
+            # again to look for changes (a third of the commit's time on ingestion). Acknowledged
+            # means durable.
+            working = dict(ctx.mem.__mem__)
+            ctx.mem.__mem__.clear()
+            if kept is not None:
+                self._kept.give_back(ctx.mem, kept, working, {id for report in applied for id in report.applied})
+                kept = None
             ctx.close()
         except BaseException:
             # A failed call leaves nothing behind (as on the server): drop its uncommitted
-            # writes before closing would commit them.
+            # writes before closing would commit them, and keep none of its anchors.
+            if kept is not None:
+                self._kept.give_back(ctx.mem, kept, None, set())
             ctx.mem.abort()
             ctx.close()
             raise

@@ -3,22 +3,36 @@
 ones too, whose hash it then ignores (a new anchor is written whole): a third of the commit on a
 long ingestion, in which a server call cannot give way to the others. The Engine's contexts
 (`OneCommitMemory`, set by adapters/local.py) and the server's (`server_memory_class`, set by the
-server plugin's `create_j_context`, adapters/server/plugin.py) record new anchors without it."""
+server plugin's `create_j_context`, adapters/server/plugin.py) record new anchors without it.
+
+The Engine's contexts also take the anchors its previous call left (`KeptAnchors`) instead of
+loading and deserialising them again, while nobody else wrote the store."""
 
 from __future__ import annotations
+
+import os
+import sqlite3
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+from uuid import UUID
 
 from contextrender.jaclang_setup import import_jaclang
 
 import_jaclang()  # before any jaclang import of this module: without the server's plugins
 
-from jaclang.jac0core.archetype import NodeAnchor, Root  # noqa: E402
+from jaclang.jac0core.archetype import Anchor, EdgeAnchor, NodeAnchor, Root  # noqa: E402
 from jaclang.runtimelib import memory as jac_memory  # noqa: E402
-from jaclang.runtimelib.changeset import ApplyReport, ChangeSet  # noqa: E402
+from jaclang.runtimelib.changeset import ApplyReport, ChangeSet, snapshot_field_hashes  # noqa: E402
+from jaclang.runtimelib.serializer import Serializer  # noqa: E402
 
-__all__ = ["NewAnchorsUnhashed", "OneCommitMemory", "RebaselinedInSlices", "jaclang_checks_access", "server_memory_class"]
+__all__ = ["KeptAnchors", "NewAnchorsUnhashed", "OneCommitMemory", "RebaselinedInSlices", "jaclang_checks_access", "server_memory_class"]
 
 # Written anchors re-baselined between two give-way points after a server flush.
 REBASELINE_SLICE = 500
+# Anchors the Engine keeps between its calls (the least recently used are forgotten first); a call
+# that wrote more than this keeps none of what it wrote.
+MAX_KEPT = 2048
 
 
 class NewAnchorsUnhashed:
@@ -108,7 +122,219 @@ def jaclang_checks_access() -> bool:
 class OneCommitMemory(NewAnchorsUnhashed, jac_memory.TieredMemory):
     """jaclang's working set for a context that commits once (the Engine's calls): new anchors
     unhashed at the commit. The Engine sets it on each call's context (adapters/local.py), whose
-    re-baselining after the flush it also skips."""
+    re-baselining after the flush it also skips. With `kept` (the anchors its previous call left,
+    `KeptAnchors`), an anchor not yet in the working set is taken from them before the store."""
+
+    kept: Kept | None = None
+
+    def get(self, id: UUID) -> Anchor | None:
+        anchor = self.__mem__.get(id)
+        if anchor is None and self.kept is not None:
+            anchor = self.kept.lend(id, self.__mem__)
+        return anchor if anchor is not None else super().get(id)
+
+    def batch_get(self, ids: list[UUID]) -> dict[UUID, Anchor]:
+        if self.kept is not None:
+            for id in ids:
+                if id not in self.__mem__:
+                    self.kept.lend(id, self.__mem__)
+        return super().batch_get(ids)
+
+    def delete(self, id: UUID) -> None:
+        if self.kept is not None:
+            self.kept.forget(id)
+        super().delete(id)
+
+
+def _file_key(path: str) -> tuple[int, int] | None:
+    try:
+        found = os.stat(path)
+    except OSError:
+        return None
+    return (found.st_dev, found.st_ino)
+
+
+def _data_version(conn: sqlite3.Connection) -> int:
+    """SQLite's count that changes when another connection commits to the file (not this one)."""
+    return conn.execute("PRAGMA data_version").fetchone()[0]
+
+
+def _rebaseline(anchor: Anchor) -> None:
+    """What a load from the store sets for the commit's change check (and jaclang's re-baselining
+    after a flush): the whole anchor's hash, each field's, the edge ids it was loaded with."""
+    anchor.hash = Serializer._compute_hash(anchor)
+    snapshot_field_hashes(anchor)
+    if isinstance(anchor, NodeAnchor):
+        anchor.__dict__["_initial_edge_ids"] = frozenset(e.id for e in anchor.edges)
+
+
+def _unlinked(anchor: Anchor) -> Anchor:
+    """`anchor` with the anchors it links to as unloaded stubs: a kept anchor reaches no other
+    anchor of its call, so each one it reaches later is loaded through the working set (from the
+    kept ones or the store) and is in it for the commit."""
+    if isinstance(anchor, NodeAnchor):
+        anchor.edges = [edge.make_stub() for edge in anchor.edges]
+    elif isinstance(anchor, EdgeAnchor):
+        anchor.source = anchor.source.make_stub()
+        anchor.target = anchor.target.make_stub()
+    return anchor
+
+
+@dataclass
+class Kept:
+    """The anchors an Engine's calls left, as stored when `conn`'s data_version read `version`."""
+
+    conn: sqlite3.Connection
+    path: str
+    opened: tuple[int, int] | None
+    version: int
+    anchors: dict[UUID, Anchor] = field(default_factory=dict)
+    # Kept with no baseline yet (written or made by a call): set when lent.
+    unbaselined: set[UUID] = field(default_factory=set)
+
+    def lend(self, id: UUID, working: dict[UUID, Anchor]) -> Anchor | None:
+        anchor = self.anchors.pop(id, None)
+        if anchor is None:
+            return None
+        if id in self.unbaselined:
+            self.unbaselined.discard(id)
+            _rebaseline(anchor)
+        working[id] = anchor
+        return anchor
+
+    def forget(self, id: UUID) -> None:
+        self.anchors.pop(id, None)
+        self.unbaselined.discard(id)
+
+    def clear(self) -> None:
+        self.anchors.clear()
+        self.unbaselined.clear()
+
+    def _stored(self, ids: list[UUID]) -> dict[str, tuple[Any, Any]]:
+        """The stored edge list (JSON) and version of each of `ids` that has a row."""
+        found: dict[str, tuple[Any, Any]] = {}
+        keys = [str(id) for id in ids]
+        for start in range(0, len(keys), 500):
+            chunk = keys[start:start + 500]
+            found.update((row[0], row[1:]) for row in self.conn.execute(
+                "SELECT id, json_extract(data, '$.edges'), json_extract(data, '$.version') FROM anchors"
+                f" WHERE id IN ({', '.join('?' * len(chunk))})", chunk))
+        return found
+
+    def keep(self, working: dict[UUID, Anchor], written: set[UUID]) -> None:
+        """Keep the anchors a committed call left in `working`, as stored: the ones it only loaded
+        as they are, the ones it wrote or made with the edge order and version of their stored row
+        (the store merges an edge list in its own order) and their baseline set when next lent;
+        one it made that was not stored (an edgeless node) is not kept."""
+        import json
+
+        for id in written:
+            self.forget(id)
+        candidates = [a for a in working.values() if a.persistent and a.is_populated() and not isinstance(a.archetype, Root)]
+        changed = [a.id for a in candidates if a.id in written or a.hash == 0]
+        if len(changed) > MAX_KEPT:
+            candidates = [a for a in candidates if not (a.id in written or a.hash == 0)]
+            changed = []
+        stored = self._stored(changed) if changed else {}
+        for anchor in candidates:
+            if anchor.id in written or anchor.hash == 0:
+                row = stored.get(str(anchor.id))
+                if row is None:
+                    continue
+                if isinstance(anchor, NodeAnchor):
+                    order = json.loads(row[0]) if row[0] else []
+                    edges = {str(e.id): e for e in anchor.edges}
+                    if len(order) != len(anchor.edges) or set(order) != set(edges):
+                        continue
+                    anchor.edges = [edges[e] for e in order]
+                    anchor.version = row[1] or 0
+                self.unbaselined.add(anchor.id)
+            self.anchors[anchor.id] = _unlinked(anchor)
+        while len(self.anchors) > MAX_KEPT:
+            self.forget(next(iter(self.anchors)))
+
+
+class KeptAnchors:
+    """The anchors an Engine's calls left, kept for its next call instead of loaded, deserialised
+    and hashed again from the store (about 1.1 ms an anchor; a proxy's call loads the session,
+    the chain's tail, the render epoch and the results its answer reuses).
+
+    Valid only while nobody else wrote the store: they are kept with one SQLite connection of
+    their own, which each call that takes them reads and writes through, and its `PRAGMA
+    data_version` (which changes when any other connection commits, not when this one does) is
+    read when a call takes them and again after it kept what it left. Any other commit in between
+    (another process, another Engine, this Engine's other calls on their own connections) drops them
+    all. One call at a time takes them (a call on another session meanwhile loads from the store);
+    a call that fails keeps nothing. The server's contexts never use them."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._kept: Kept | None = None
+
+    def lend_to(self, mem: Any) -> Kept | None:
+        """Give `mem` (a call's OneCommitMemory on a SQLite store) the kept anchors and their
+        connection, or a new empty set on its own connection; None when it cannot have them (the
+        file not made yet, another store, a plugin answering the access checks)."""
+        l3 = mem.l3
+        path = getattr(l3, "path", None)
+        if not isinstance(path, str) or not hasattr(l3, "_opened") or not jaclang_checks_access():
+            return None
+        with self._lock:
+            (kept, self._kept) = (self._kept, None)
+        now = _file_key(path)
+        if kept is not None and (kept.path != path or kept.opened != now or kept.conn.in_transaction):
+            kept.conn.close()
+            kept = None
+        if kept is None:
+            if l3.__conn__ is None:
+                if now is None:
+                    return None
+                l3._ensure_connection()
+            conn = l3.__conn__
+            l3.__conn__ = None
+            kept = Kept(conn=conn, path=path, opened=now, version=_data_version(conn))
+        else:
+            # The context's own connection (it read the root with it) goes back for another.
+            l3.close()
+            version = _data_version(kept.conn)
+            if version != kept.version:
+                kept.clear()
+                kept.version = version
+        l3.__conn__ = kept.conn
+        mem.kept = kept
+        return kept
+
+    def give_back(self, mem: Any, kept: Kept, working: dict[UUID, Anchor] | None, written: set[UUID]) -> None:
+        """After `mem`'s call: keep what it left in `working` (None: it failed, keep nothing, and
+        its connection goes back with its context) if nobody else committed meanwhile."""
+        mem.kept = None
+        if working is None:
+            kept.clear()
+            return
+        mem.l3.__conn__ = None
+        if kept.conn.in_transaction:
+            kept.conn.close()
+            return
+        try:
+            kept.keep(working, written)
+            version = _data_version(kept.conn)
+        except sqlite3.Error:
+            kept.conn.close()
+            return
+        if version != kept.version:
+            kept.clear()
+            kept.version = version
+        with self._lock:
+            (kept, self._kept) = (self._kept, kept)
+        if kept is not None:
+            kept.conn.close()
+
+    def close(self) -> None:
+        """Forget the kept anchors and close their connection."""
+        with self._lock:
+            (kept, self._kept) = (self._kept, None)
+        if kept is not None:
+            kept.conn.close()
 
 
 _server_memory: list[type] = []
