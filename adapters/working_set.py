@@ -210,14 +210,14 @@ class Kept:
         self.anchors.clear()
         self.unbaselined.clear()
 
-    def _stored(self, ids: list[UUID]) -> dict[str, tuple[Any, Any]]:
-        """The stored edge list (JSON) and version of each of `ids` that has a row."""
-        found: dict[str, tuple[Any, Any]] = {}
+    def _stored(self, ids: list[UUID]) -> dict[str, Any]:
+        """The stored edge list (JSON) of each of `ids` that has a row."""
+        found: dict[str, Any] = {}
         keys = [str(id) for id in ids]
         for start in range(0, len(keys), 500):
             chunk = keys[start:start + 500]
-            found.update((row[0], row[1:]) for row in self.conn.execute(
-                "SELECT id, json_extract(data, '$.edges'), json_extract(data, '$.version') FROM anchors"
+            found.update(self.conn.execute(
+                "SELECT id, json_extract(data, '$.edges') FROM anchors"
                 f" WHERE id IN ({', '.join('?' * len(chunk))})", chunk))
         return found
 
@@ -225,7 +225,8 @@ class Kept:
         """Keep the anchors a committed call left in `working`, as stored: the ones it only loaded
         as they are, the ones it wrote or made with the edge order and version of their stored row
         (the store merges an edge list in its own order) and their baseline set when next lent;
-        one it made that was not stored (an edgeless node) is not kept."""
+        one it made that was not stored (an edgeless node) is not kept. (The store sets the version
+        of a node whose edges it merged.)"""
         import json
 
         for id in written:
@@ -238,16 +239,15 @@ class Kept:
         stored = self._stored(changed) if changed else {}
         for anchor in candidates:
             if anchor.id in written or anchor.hash == 0:
-                row = stored.get(str(anchor.id))
-                if row is None:
+                key = str(anchor.id)
+                if key not in stored:
                     continue
                 if isinstance(anchor, NodeAnchor):
-                    order = json.loads(row[0]) if row[0] else []
+                    order = json.loads(stored[key]) if stored[key] else []
                     edges = {str(e.id): e for e in anchor.edges}
                     if len(order) != len(anchor.edges) or set(order) != set(edges):
                         continue
                     anchor.edges = [edges[e] for e in order]
-                    anchor.version = row[1] or 0
                 self.unbaselined.add(anchor.id)
             self.anchors[anchor.id] = _unlinked(anchor)
         while len(self.anchors) > MAX_KEPT:
