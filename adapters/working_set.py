@@ -10,6 +10,7 @@ loading and deserialising them again, while nobody else wrote the store."""
 
 from __future__ import annotations
 
+import json
 import os
 import sqlite3
 import threading
@@ -25,6 +26,7 @@ from jaclang.jac0core.archetype import Anchor, EdgeAnchor, NodeAnchor, Root  # n
 from jaclang.runtimelib import memory as jac_memory  # noqa: E402
 from jaclang.runtimelib.changeset import ApplyReport, ChangeSet, snapshot_field_hashes  # noqa: E402
 from jaclang.runtimelib.serializer import Serializer  # noqa: E402
+from jaclang.runtimelib.typecache import get_field_types  # noqa: E402
 
 __all__ = ["KeptAnchors", "NewAnchorsUnhashed", "OneCommitMemory", "RebaselinedInSlices", "jaclang_checks_access", "server_memory_class"]
 
@@ -161,9 +163,22 @@ def _data_version(conn: sqlite3.Connection) -> int:
 
 def _rebaseline(anchor: Anchor) -> None:
     """What a load from the store sets for the commit's change check (and jaclang's re-baselining
-    after a flush): the whole anchor's hash, each field's, the edge ids it was loaded with."""
-    anchor.hash = Serializer._compute_hash(anchor)
-    snapshot_field_hashes(anchor)
+    after a flush): the whole anchor's hash (`Serializer._compute_hash`), each field's
+    (`snapshot_field_hashes`), the edge ids it was loaded with. Both hashes from one serialisation
+    of the anchor when no field holds an archetype or another object (none serialised with its
+    type: `"__module__"` nowhere in a field's text), which jaclang's field pass serialises apart."""
+    arch = anchor.archetype
+    try:
+        data = Serializer.serialize(anchor, include_type=True)
+        anchor.hash = hash(json.dumps(data, sort_keys=True))
+        serialised = data["archetype"]
+        texts = {name: json.dumps(serialised.get(name), sort_keys=True, default=str) for name in get_field_types(type(arch))}
+    except Exception:  # noqa: BLE001  (as jaclang's hash: 0 when it cannot serialise)
+        (anchor.hash, texts) = (0, None)
+    if texts is not None and not any('"__module__"' in text for text in texts.values()):
+        object.__setattr__(arch, "__jac_field_hashes__", {name: hash(text) for (name, text) in texts.items()})
+    else:
+        snapshot_field_hashes(anchor)
     if isinstance(anchor, NodeAnchor):
         anchor.__dict__["_initial_edge_ids"] = frozenset(e.id for e in anchor.edges)
 
@@ -227,8 +242,6 @@ class Kept:
         (the store merges an edge list in its own order) and their baseline set when next lent;
         one it made that was not stored (an edgeless node) is not kept. (The store sets the version
         of a node whose edges it merged.)"""
-        import json
-
         for id in written:
             self.forget(id)
         candidates = [a for a in working.values() if a.persistent and a.is_populated() and not isinstance(a.archetype, Root)]
