@@ -52,9 +52,10 @@ class Engine(EndpointMethods):
         self.store = Path(store).resolve()
         self.store.mkdir(parents=True, exist_ok=True)
         self._locks = KeyedLocks()
-        # The anchors the last call left, for the next (adapters/working_set.py KeptAnchors).
-        self._kept = working_set.KeptAnchors()
         self._keepalive = self._open_keepalive()
+        # The anchors the last call left, for the next, while nobody else wrote the store: the
+        # idle connection watches for other writers (adapters/working_set.py KeptAnchors).
+        self._kept = working_set.KeptAnchors(self._keepalive, getattr(self, "_keepalive_path", None))
 
     def _open_keepalive(self) -> sqlite3.Connection | None:
         """An idle connection to the store's SQLite file, open while the engine lives. Each call

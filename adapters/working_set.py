@@ -197,15 +197,18 @@ def _unlinked(anchor: Anchor) -> Anchor:
 
 @dataclass
 class Kept:
-    """The anchors an Engine's calls left, as stored when `conn`'s data_version read `version`."""
+    """The anchors an Engine's calls left, as stored when its watching connection's data_version
+    read `version` (None: not known; then none are kept)."""
 
-    conn: sqlite3.Connection
     path: str
     opened: tuple[int, int] | None
-    version: int
+    version: int | None = None
     anchors: dict[UUID, Anchor] = field(default_factory=dict)
     # Kept with no baseline yet (written or made by a call): set when lent.
     unbaselined: set[UUID] = field(default_factory=set)
+    # The call that has them: its connection, and that connection's data_version when it took them.
+    conn: sqlite3.Connection | None = None
+    conn_version: int | None = None
 
     def lend(self, id: UUID, working: dict[UUID, Anchor]) -> Anchor | None:
         anchor = self.anchors.pop(id, None)
@@ -229,6 +232,7 @@ class Kept:
         """The stored edge list (JSON) of each of `ids` that has a row."""
         found: dict[str, Any] = {}
         keys = [str(id) for id in ids]
+        assert self.conn is not None
         for start in range(0, len(keys), 500):
             chunk = keys[start:start + 500]
             found.update(self.conn.execute(
@@ -269,85 +273,84 @@ class Kept:
 
 class KeptAnchors:
     """The anchors an Engine's calls left, kept for its next call instead of loaded, deserialised
-    and hashed again from the store (about 1.1 ms an anchor; a proxy's call loads the session,
-    the chain's tail, the render epoch and the results its answer reuses).
+    and hashed again from the store (about 1.1 ms an anchor under cProfile; a proxy's call loads
+    the session, the chain's tail, the render epoch and the results its answer reuses).
 
-    Valid only while nobody else wrote the store: they are kept with one SQLite connection of
-    their own, which each call that takes them reads and writes through, and its `PRAGMA
-    data_version` (which changes when any other connection commits, not when this one does) is
-    read when a call takes them and again after it kept what it left. Any other commit in between
-    (another process, another Engine, this Engine's other calls on their own connections) drops them
-    all. One call at a time takes them (a call on another session meanwhile loads from the store);
-    a call that fails keeps nothing. The server's contexts never use them."""
+    Valid only while nobody else wrote the store. SQLite's `PRAGMA data_version` on a connection
+    changes when any other connection commits, not when that one does. Two are read: the Engine's
+    own idle connection (`watch`, which never writes) and the connection of the call that takes
+    them. A call reads its own connection's, then the watch's: the kept anchors are lent only if
+    the watch reads what it read after the last call kept them. After its commit it reads the
+    watch's, then its own again: if its own did not change, no other connection committed from its
+    start to that last read, so the watch's value then covers its own commit only and is kept with
+    what it left; else nothing is kept. A call that fails keeps nothing; one call at a time takes
+    them (another meanwhile loads from the store). The server's contexts never use them."""
 
-    def __init__(self) -> None:
+    def __init__(self, watch: sqlite3.Connection | None = None, path: str | None = None) -> None:
         self._lock = threading.Lock()
+        self._watch = watch
+        self._path = path
         self._kept: Kept | None = None
 
     def lend_to(self, mem: Any) -> Kept | None:
-        """Give `mem` (a call's OneCommitMemory on a SQLite store) the kept anchors and their
-        connection, or a new empty set on its own connection; None when it cannot have them (the
-        file not made yet, another store, a plugin answering the access checks)."""
+        """Give `mem` (a call's OneCommitMemory on the watched SQLite file) the kept anchors, if
+        nobody else wrote the store since they were kept, else an empty set; None when it cannot
+        have them (no watch, another file, the file not made yet, a plugin answering the access
+        checks)."""
         l3 = mem.l3
-        path = getattr(l3, "path", None)
-        if not isinstance(path, str) or not hasattr(l3, "_opened") or not jaclang_checks_access():
+        watch = self._watch
+        if watch is None or getattr(l3, "path", None) != self._path or not jaclang_checks_access():
             return None
+        now = _file_key(self._path)
+        if l3.__conn__ is None:
+            if now is None:
+                return None
+            l3._ensure_connection()
+        conn = l3.__conn__
         with self._lock:
             (kept, self._kept) = (self._kept, None)
-        now = _file_key(path)
-        if kept is not None and (kept.path != path or kept.opened != now or kept.conn.in_transaction):
-            kept.conn.close()
-            kept = None
-        if kept is None:
-            if l3.__conn__ is None:
-                if now is None:
-                    return None
-                l3._ensure_connection()
-            conn = l3.__conn__
-            l3.__conn__ = None
-            kept = Kept(conn=conn, path=path, opened=now, version=_data_version(conn))
-        else:
-            # The context's own connection (it read the root with it) goes back for another.
-            l3.close()
-            version = _data_version(kept.conn)
-            if version != kept.version:
-                kept.clear()
-                kept.version = version
-        l3.__conn__ = kept.conn
+        if kept is None or kept.opened != now:
+            kept = Kept(path=self._path, opened=now)
+        try:
+            own = _data_version(conn)
+            version = _data_version(watch)
+        except sqlite3.Error:
+            return None
+        if version != kept.version:
+            kept.clear()
+        (kept.conn, kept.conn_version) = (conn, own)
         mem.kept = kept
         return kept
 
     def give_back(self, mem: Any, kept: Kept, working: dict[UUID, Anchor] | None, written: set[UUID]) -> None:
-        """After `mem`'s call: keep what it left in `working` (None: it failed, keep nothing, and
-        its connection goes back with its context) if nobody else committed meanwhile."""
+        """After `mem`'s call: keep what it left in `working` (None: it failed, keep nothing) if no
+        other connection committed meanwhile."""
         mem.kept = None
-        if working is None:
+        (conn, own, kept.conn, kept.conn_version) = (kept.conn, kept.conn_version, None, None)
+        kept.version = None
+        if working is None or self._watch is None or conn is None or mem.l3.__conn__ is not conn:
             kept.clear()
-            return
-        mem.l3.__conn__ = None
-        if kept.conn.in_transaction:
-            kept.conn.close()
             return
         try:
+            kept.conn = conn
             kept.keep(working, written)
-            version = _data_version(kept.conn)
+            version = _data_version(self._watch)
+            unchanged = _data_version(conn) == own
         except sqlite3.Error:
-            kept.conn.close()
-            return
-        if version != kept.version:
-            kept.clear()
+            (version, unchanged) = (None, False)
+        finally:
+            kept.conn = None
+        if unchanged:
             kept.version = version
+        else:
+            kept.clear()
         with self._lock:
-            (kept, self._kept) = (self._kept, kept)
-        if kept is not None:
-            kept.conn.close()
+            self._kept = kept
 
     def close(self) -> None:
-        """Forget the kept anchors and close their connection."""
+        """Forget the kept anchors, and keep none from now on (the watch is closed)."""
         with self._lock:
-            (kept, self._kept) = (self._kept, None)
-        if kept is not None:
-            kept.conn.close()
+            (self._kept, self._watch) = (None, None)
 
 
 _server_memory: list[type] = []

@@ -203,3 +203,27 @@ def test_a_failed_call_keeps_none_of_its_anchors(engine, monkeypatch):
     engine.ingest("s", REUSING[5:], append=True)
     assert engine.get_session("s", include_messages=True)["messages"] == REUSING[:3] + REUSING[5:]
     _all_as_stored(engine)
+
+
+def test_another_writers_commit_during_a_call_is_seen(tmp_path, monkeypatch):
+    from contextrender import Engine
+
+    (ours, theirs) = (Engine(tmp_path / "store"), Engine(tmp_path / "store"))
+    ours.ingest("s", REUSING[:3])
+    during: list[int] = []
+
+    def their_calls() -> None:
+        # Once, inside our call's commit (before its write transaction): sessions made under
+        # the shelves and the directory ours loaded to make its own.
+        if not during:
+            during.append(1)
+            for n in range(12):
+                theirs.ingest(f"t{n}", REUSING[:1])
+
+    monkeypatch.setattr(core, "give_way", their_calls)
+    ours.ingest("new", REUSING[:3])
+    monkeypatch.undo()
+    assert during == [1]
+    _all_as_stored(ours)  # another connection committed during the call: what it keeps is as stored (nothing)
+    assert [ours.get_session(f"t{n}")["events"] for n in range(12)] == [1] * 12
+    assert sorted(s["session_id"] for s in ours.list_sessions()) == sorted(["s", "new"] + [f"t{n}" for n in range(12)])
