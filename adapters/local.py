@@ -119,11 +119,13 @@ class Engine(EndpointMethods):
             # The anchors the last call left, if nobody else wrote the store since, on their connection.
             kept = self._kept.lend_to(ctx.mem)
         applied: list[Any] = []
+        recorded: set[Any] = set()
         l3 = ctx.mem.l3
         if l3 is not None:
             # Keep what each flush reports: jaclang logs a write it could not make and goes on.
+            # And what each was asked to write: an anchor asked for but not written is not kept.
             flush = l3.apply
-            l3.apply = lambda changes: applied.append(flush(changes)) or applied[-1]
+            l3.apply = lambda changes: recorded.update(changes.intents) or applied.append(flush(changes)) or applied[-1]
             # After its flush jaclang hashes every written node again, to tell later commits of
             # the context what is unchanged; this context commits once and is dropped (a quarter
             # of the commit's time on ingestion); the anchors kept for the next call are hashed
@@ -148,7 +150,11 @@ class Engine(EndpointMethods):
             working = dict(ctx.mem.__mem__)
             ctx.mem.__mem__.clear()
             if kept is not None:
-                self._kept.give_back(ctx.mem, kept, working, {id for report in applied for id in report.applied})
+                written = {id for report in applied for id in report.applied}
+                # A flush that left out a change it was given (skipped, or nothing applied): the
+                # anchors may hold what is not stored, keep none.
+                complete = recorded <= written and not any(report.skipped or report.failed for report in applied)
+                self._kept.give_back(ctx.mem, kept, working if complete else None, written)
                 kept = None
             ctx.close()
         except BaseException:
