@@ -116,7 +116,7 @@ class Engine(EndpointMethods):
         kept = None
         if type(ctx.mem) is working_set.jac_memory.TieredMemory:
             ctx.mem.__class__ = working_set.OneCommitMemory
-            # The anchors the last call left, if nobody else wrote the store since, on their connection.
+            # The anchors the last call left, if nobody else wrote the store since.
             kept = self._kept.lend_to(ctx.mem)
         applied: list[Any] = []
         recorded: set[Any] = set()
