@@ -53,6 +53,9 @@ class Engine(EndpointMethods):
         self.store.mkdir(parents=True, exist_ok=True)
         self._locks = KeyedLocks()
         self._keepalive = self._open_keepalive()
+        # The anchors the last call left, for the next, while nobody else wrote the store: the
+        # idle connection watches for other writers (adapters/working_set.py KeptAnchors).
+        self._kept = working_set.KeptAnchors(self._keepalive, getattr(self, "_keepalive_path", None))
 
     def _open_keepalive(self) -> sqlite3.Connection | None:
         """An idle connection to the store's SQLite file, open while the engine lives. Each call
@@ -80,6 +83,7 @@ class Engine(EndpointMethods):
 
     def close(self) -> None:
         """Release the store (the engine's calls still work after it, only slower)."""
+        self._kept.close()
         if self._keepalive is not None:
             store.release(self._keepalive_path)
             self._keepalive.close()
@@ -109,37 +113,55 @@ class Engine(EndpointMethods):
     def _attempt(self, walker: Any) -> Any:
         ctx = JacUtils.create_j_context(user_root=None, base_path_dir=str(self.store))
         # This context commits once: new anchors are not hashed at the commit (adapters/working_set.py).
+        kept = None
         if type(ctx.mem) is working_set.jac_memory.TieredMemory:
             ctx.mem.__class__ = working_set.OneCommitMemory
+            # The anchors the last call left, if nobody else wrote the store since.
+            kept = self._kept.lend_to(ctx.mem)
         applied: list[Any] = []
+        recorded: set[Any] = set()
         l3 = ctx.mem.l3
         if l3 is not None:
             # Keep what each flush reports: jaclang logs a write it could not make and goes on.
+            # And what each was asked to write: an anchor asked for but not written is not kept.
             flush = l3.apply
-            l3.apply = lambda changes: applied.append(flush(changes)) or applied[-1]
+            l3.apply = lambda changes: recorded.update(changes.intents) or applied.append(flush(changes)) or applied[-1]
             # After its flush jaclang hashes every written node again, to tell later commits of
             # the context what is unchanged; this context commits once and is dropped (a quarter
-            # of the commit's time on ingestion).
+            # of the commit's time on ingestion); the anchors kept for the next call are hashed
+            # when it takes them.
             ctx.mem._post_apply = lambda report: None
         token = JacRuntime.push_request_context(ctx)
         try:
             # The spawn ends with jaclang's commit (one transaction), which logs and swallows
             # its own failures: they are read from what the flush reported.
             done = spawn(walker, ctx.get_root())
+            if not applied:
+                # Nothing was flushed: commit what is left (if anything is; closing did it before),
+                # on this call's connection. It raises a lost race.
+                ctx.mem.commit()
             if applied and applied[-1].conflicts:
                 raise applied[-1].conflicts[0]  # a lost race: run again on the winner's graph
             if applied and applied[-1].failed:
                 raise core.ContextRenderError(f"the store did not take this call's writes: {next(iter(applied[-1].failed.values()))}")
-            if applied:
-                # Everything this call changed is stored: closing need not hash every node it
-                # loaded again to look for changes (a third of the commit's time on ingestion).
-                ctx.mem.__mem__.clear()
-            # Else nothing was flushed: closing commits what is left (if anything is) and raises
-            # a lost race. Either way, acknowledged means durable.
+            # Everything this call changed is stored: closing need not hash every node it loaded
+            # again to look for changes (a third of the commit's time on ingestion). Acknowledged
+            # means durable.
+            working = dict(ctx.mem.__mem__)
+            ctx.mem.__mem__.clear()
+            if kept is not None:
+                written = {id for report in applied for id in report.applied}
+                # A flush that left out a change it was given (skipped, or nothing applied): the
+                # anchors may hold what is not stored, keep none.
+                complete = recorded <= written and not any(report.skipped or report.failed for report in applied)
+                self._kept.give_back(ctx.mem, kept, working if complete else None, written)
+                kept = None
             ctx.close()
         except BaseException:
             # A failed call leaves nothing behind (as on the server): drop its uncommitted
-            # writes before closing would commit them.
+            # writes before closing would commit them, and keep none of its anchors.
+            if kept is not None:
+                self._kept.give_back(ctx.mem, kept, None, set())
             ctx.mem.abort()
             ctx.close()
             raise

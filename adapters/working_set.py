@@ -3,22 +3,38 @@
 ones too, whose hash it then ignores (a new anchor is written whole): a third of the commit on a
 long ingestion, in which a server call cannot give way to the others. The Engine's contexts
 (`OneCommitMemory`, set by adapters/local.py) and the server's (`server_memory_class`, set by the
-server plugin's `create_j_context`, adapters/server/plugin.py) record new anchors without it."""
+server plugin's `create_j_context`, adapters/server/plugin.py) record new anchors without it.
+
+The Engine's contexts also take the anchors its previous call left (`KeptAnchors`) instead of
+loading and deserialising them again, while nobody else wrote the store."""
 
 from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+from uuid import UUID
 
 from contextrender.jaclang_setup import import_jaclang
 
 import_jaclang()  # before any jaclang import of this module: without the server's plugins
 
-from jaclang.jac0core.archetype import NodeAnchor, Root  # noqa: E402
+from jaclang.jac0core.archetype import Anchor, EdgeAnchor, NodeAnchor, Root  # noqa: E402
 from jaclang.runtimelib import memory as jac_memory  # noqa: E402
-from jaclang.runtimelib.changeset import ApplyReport, ChangeSet  # noqa: E402
+from jaclang.runtimelib.changeset import ApplyReport, ChangeSet, snapshot_field_hashes  # noqa: E402
+from jaclang.runtimelib.serializer import Serializer  # noqa: E402
+from jaclang.runtimelib.typecache import get_field_types  # noqa: E402
 
-__all__ = ["NewAnchorsUnhashed", "OneCommitMemory", "RebaselinedInSlices", "jaclang_checks_access", "server_memory_class"]
+__all__ = ["KeptAnchors", "NewAnchorsUnhashed", "OneCommitMemory", "RebaselinedInSlices", "jaclang_checks_access", "server_memory_class"]
 
 # Written anchors re-baselined between two give-way points after a server flush.
 REBASELINE_SLICE = 500
+# Anchors the Engine keeps between its calls (the least recently used are forgotten first); a call
+# that wrote more than this keeps none of what it wrote.
+MAX_KEPT = 2048
 
 
 class NewAnchorsUnhashed:
@@ -108,7 +124,233 @@ def jaclang_checks_access() -> bool:
 class OneCommitMemory(NewAnchorsUnhashed, jac_memory.TieredMemory):
     """jaclang's working set for a context that commits once (the Engine's calls): new anchors
     unhashed at the commit. The Engine sets it on each call's context (adapters/local.py), whose
-    re-baselining after the flush it also skips."""
+    re-baselining after the flush it also skips. With `kept` (the anchors its previous call left,
+    `KeptAnchors`), an anchor not yet in the working set is taken from them before the store."""
+
+    kept: Kept | None = None
+
+    def get(self, id: UUID) -> Anchor | None:
+        anchor = self.__mem__.get(id)
+        if anchor is None and self.kept is not None:
+            anchor = self.kept.lend(id, self.__mem__)
+        return anchor if anchor is not None else super().get(id)
+
+    def batch_get(self, ids: list[UUID]) -> dict[UUID, Anchor]:
+        if self.kept is not None:
+            for id in ids:
+                if id not in self.__mem__:
+                    self.kept.lend(id, self.__mem__)
+        return super().batch_get(ids)
+
+    def delete(self, id: UUID) -> None:
+        if self.kept is not None:
+            self.kept.forget(id)
+        super().delete(id)
+
+
+def _file_key(path: str) -> tuple[int, int] | None:
+    try:
+        found = os.stat(path)
+    except OSError:
+        return None
+    return (found.st_dev, found.st_ino)
+
+
+def _data_version(conn: sqlite3.Connection) -> int:
+    """SQLite's count that changes when another connection commits to the file (not this one)."""
+    return conn.execute("PRAGMA data_version").fetchone()[0]
+
+
+def _rebaseline(anchor: Anchor) -> None:
+    """What a load from the store sets for the commit's change check (and jaclang's re-baselining
+    after a flush): the whole anchor's hash (`Serializer._compute_hash`), each field's
+    (`snapshot_field_hashes`), the edge ids it was loaded with. Both hashes from one serialisation
+    of the anchor when no field holds an archetype or another object (none serialised with its
+    type: `"__module__"` nowhere in a field's text), which jaclang's field pass serialises apart."""
+    arch = anchor.archetype
+    try:
+        data = Serializer.serialize(anchor, include_type=True)
+        anchor.hash = hash(json.dumps(data, sort_keys=True))
+        serialised = data["archetype"]
+        texts = {name: json.dumps(serialised.get(name), sort_keys=True, default=str) for name in get_field_types(type(arch))}
+    except Exception:  # noqa: BLE001  (as jaclang's hash: 0 when it cannot serialise)
+        (anchor.hash, texts) = (0, None)
+    if texts is not None and not any('"__module__"' in text for text in texts.values()):
+        object.__setattr__(arch, "__jac_field_hashes__", {name: hash(text) for (name, text) in texts.items()})
+    else:
+        snapshot_field_hashes(anchor)
+    if isinstance(anchor, NodeAnchor):
+        anchor.__dict__["_initial_edge_ids"] = frozenset(e.id for e in anchor.edges)
+
+
+def _unlinked(anchor: Anchor) -> Anchor:
+    """`anchor` with the anchors it links to as unloaded stubs: a kept anchor reaches no other
+    anchor of its call, so each one it reaches later is loaded through the working set (from the
+    kept ones or the store) and is in it for the commit."""
+    if isinstance(anchor, NodeAnchor):
+        anchor.edges = [edge.make_stub() for edge in anchor.edges]
+    elif isinstance(anchor, EdgeAnchor):
+        anchor.source = anchor.source.make_stub()
+        anchor.target = anchor.target.make_stub()
+    return anchor
+
+
+@dataclass
+class Kept:
+    """The anchors an Engine's calls left, as stored when its watching connection's data_version
+    read `version` (None: not known; then none are kept)."""
+
+    path: str
+    opened: tuple[int, int] | None
+    version: int | None = None
+    anchors: dict[UUID, Anchor] = field(default_factory=dict)
+    # Kept with no baseline yet (written or made by a call): set when lent.
+    unbaselined: set[UUID] = field(default_factory=set)
+    # The call that has them: its connection, and that connection's data_version when it took them.
+    conn: sqlite3.Connection | None = None
+    conn_version: int | None = None
+
+    def lend(self, id: UUID, working: dict[UUID, Anchor]) -> Anchor | None:
+        anchor = self.anchors.pop(id, None)
+        if anchor is None:
+            return None
+        if id in self.unbaselined:
+            self.unbaselined.discard(id)
+            _rebaseline(anchor)
+        working[id] = anchor
+        return anchor
+
+    def forget(self, id: UUID) -> None:
+        self.anchors.pop(id, None)
+        self.unbaselined.discard(id)
+
+    def clear(self) -> None:
+        self.anchors.clear()
+        self.unbaselined.clear()
+
+    def _stored(self, ids: list[UUID]) -> dict[str, Any]:
+        """The stored edge list (JSON) of each of `ids` that has a row."""
+        found: dict[str, Any] = {}
+        keys = [str(id) for id in ids]
+        assert self.conn is not None
+        for start in range(0, len(keys), 500):
+            chunk = keys[start:start + 500]
+            found.update(self.conn.execute(
+                "SELECT id, json_extract(data, '$.edges') FROM anchors"
+                f" WHERE id IN ({', '.join('?' * len(chunk))})", chunk))
+        return found
+
+    def keep(self, working: dict[UUID, Anchor], written: set[UUID]) -> None:
+        """Keep the anchors a committed call left in `working`, as stored: the ones it only loaded
+        as they are, the ones it wrote or made with the edge order and version of their stored row
+        (the store merges an edge list in its own order) and their baseline set when next lent;
+        one it made that was not stored (an edgeless node) is not kept. (The store sets the version
+        of a node whose edges it merged.)"""
+        for id in written:
+            self.forget(id)
+        candidates = [a for a in working.values() if a.persistent and a.is_populated() and not isinstance(a.archetype, Root)]
+        changed = [a.id for a in candidates if a.id in written or a.hash == 0]
+        if len(changed) > MAX_KEPT:
+            candidates = [a for a in candidates if not (a.id in written or a.hash == 0)]
+            changed = []
+        stored = self._stored(changed) if changed else {}
+        for anchor in candidates:
+            if anchor.id in written or anchor.hash == 0:
+                key = str(anchor.id)
+                if key not in stored:
+                    continue
+                if isinstance(anchor, NodeAnchor):
+                    order = json.loads(stored[key]) if stored[key] else []
+                    edges = {str(e.id): e for e in anchor.edges}
+                    if len(order) != len(anchor.edges) or set(order) != set(edges):
+                        continue
+                    anchor.edges = [edges[e] for e in order]
+                self.unbaselined.add(anchor.id)
+            self.anchors[anchor.id] = _unlinked(anchor)
+        while len(self.anchors) > MAX_KEPT:
+            self.forget(next(iter(self.anchors)))
+
+
+class KeptAnchors:
+    """The anchors an Engine's calls left, kept for its next call instead of loaded, deserialised
+    and hashed again from the store (about 1.1 ms an anchor under cProfile; a proxy's call loads
+    the session, the chain's tail, the render epoch and the results its answer reuses).
+
+    Valid only while nobody else wrote the store. SQLite's `PRAGMA data_version` on a connection
+    changes when any other connection commits, not when that one does. Two are read: the Engine's
+    own idle connection (`watch`, which never writes) and the connection of the call that takes
+    them. A call reads its own connection's, then the watch's: the kept anchors are lent only if
+    the watch reads what it read after the last call kept them. After its commit it reads the
+    watch's, then its own again: if its own did not change, no other connection committed from its
+    start to that last read, so the watch's value then covers its own commit only and is kept with
+    what it left; else nothing is kept. A call that fails keeps nothing; one call at a time takes
+    them (another meanwhile loads from the store). The server's contexts never use them."""
+
+    def __init__(self, watch: sqlite3.Connection | None = None, path: str | None = None) -> None:
+        self._lock = threading.Lock()
+        self._watch = watch
+        self._path = path
+        self._kept: Kept | None = None
+
+    def lend_to(self, mem: Any) -> Kept | None:
+        """Give `mem` (a call's OneCommitMemory on the watched SQLite file) the kept anchors, if
+        nobody else wrote the store since they were kept, else an empty set; None when it cannot
+        have them (no watch, another file, the file not made yet, a plugin answering the access
+        checks)."""
+        l3 = mem.l3
+        watch = self._watch
+        if watch is None or getattr(l3, "path", None) != self._path or not jaclang_checks_access():
+            return None
+        now = _file_key(self._path)
+        if l3.__conn__ is None:
+            if now is None:
+                return None
+            l3._ensure_connection()
+        conn = l3.__conn__
+        with self._lock:
+            (kept, self._kept) = (self._kept, None)
+        if kept is None or kept.opened != now:
+            kept = Kept(path=self._path, opened=now)
+        try:
+            own = _data_version(conn)
+            version = _data_version(watch)
+        except sqlite3.Error:
+            return None
+        if version != kept.version:
+            kept.clear()
+        (kept.conn, kept.conn_version) = (conn, own)
+        mem.kept = kept
+        return kept
+
+    def give_back(self, mem: Any, kept: Kept, working: dict[UUID, Anchor] | None, written: set[UUID]) -> None:
+        """After `mem`'s call: keep what it left in `working` (None: it failed, keep nothing) if no
+        other connection committed meanwhile."""
+        mem.kept = None
+        (conn, own, kept.conn, kept.conn_version) = (kept.conn, kept.conn_version, None, None)
+        kept.version = None
+        if working is None or self._watch is None or conn is None or mem.l3.__conn__ is not conn:
+            kept.clear()
+            return
+        try:
+            kept.conn = conn
+            kept.keep(working, written)
+            version = _data_version(self._watch)
+            unchanged = _data_version(conn) == own
+        except sqlite3.Error:
+            (version, unchanged) = (None, False)
+        finally:
+            kept.conn = None
+        if unchanged:
+            kept.version = version
+        else:
+            kept.clear()
+        with self._lock:
+            self._kept = kept
+
+    def close(self) -> None:
+        """Forget the kept anchors, and keep none from now on (the watch is closed)."""
+        with self._lock:
+            (self._kept, self._watch) = (None, None)
 
 
 _server_memory: list[type] = []

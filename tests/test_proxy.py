@@ -826,3 +826,29 @@ def test_metrics_count_unmanaged_requests_by_reason(engine, upstream, monkeypatc
         assert response.status_code == 200
         samples = _samples(httpx.get(f"{server.url}/metrics").text)
     assert samples[("contextrender_proxy_unmanaged_total", (("protocol", "chat"), ("reason", "RuntimeError")))] == 1
+
+
+def test_reconcile_puts_in_normal_form_only_what_the_last_request_did_not_send(monkeypatch):
+    from contextrender.core import normal_form
+    from contextrender.proxy import sessions
+
+    normalised: list = []
+    monkeypatch.setattr(sessions, "normal_form", lambda m: normalised.append(m) or normal_form(m))
+    echoed = {"role": "assistant", "content": "", "tool_calls": [{"id": "c1", "function": {"name": "read", "arguments": "{}"}, "index": 0}]}
+    turn = [user("read it"), echoed, tool("c1", "TEXT_1")]
+    kept = sessions.Sessions(backend=None)
+    kept.remember(kept.session("s"), 1, normal_form(echoed))  # the answer the proxy forwarded
+    first = kept.reconcile("s", turn)
+    assert len(normalised) == 3 and first == [normal_form(m) for m in turn]
+    assert first[1] is kept.session("s").answers[1]
+    # The next request re-sends the same messages (new objects, as a body parsed again) and adds two.
+    later = json.loads(json.dumps(turn + [assistant("done"), user("thanks")]))
+    normalised.clear()
+    second = kept.reconcile("s", later)
+    assert normalised == later[3:]
+    assert second == [normal_form(m) for m in later] and second[1] is kept.session("s").answers[1]
+    # A message changed in place: from it on, all are put in normal form again.
+    edited = json.loads(json.dumps(later))
+    edited[2]["content"] = "TEXT_2"
+    normalised.clear()
+    assert kept.reconcile("s", edited) == [normal_form(m) for m in edited] and normalised == edited[2:]

@@ -25,8 +25,13 @@ def conversation(tag: str) -> list[dict]:
 
 @pytest.fixture
 def loads(monkeypatch):
-    """`loads(calls)`: how many nodes and edges `calls()` reads from SQLite (jaclang's L3)."""
+    """`loads(calls)`: how many nodes and edges `calls()` reads from SQLite (jaclang's L3), with no
+    anchors kept between the engine's calls (adapters/working_set.py KeptAnchors)."""
     from jaclang.runtimelib.memory import SqliteMemory
+
+    from contextrender import working_set
+
+    monkeypatch.setattr(working_set, "MAX_KEPT", 0)
 
     real = SqliteMemory.get
     count = [0]
@@ -133,9 +138,11 @@ def test_list_sessions_reads_the_stored_fields_without_loading_a_session(engine,
     `session_rows`): no Session is loaded, and the rows are the ones the loaded sessions give."""
     from jaclang.runtimelib.memory import SqliteMemory
 
+    from contextrender import working_set
     from contextrender.store import SharedSqliteStore
     from graph.context import Session
 
+    monkeypatch.setattr(working_set, "MAX_KEPT", 0)  # the sessions are loaded from the store, not kept
     for n in range(12):
         engine.ingest(f"s{n}", conversation(f"t{n}"))
     engine.create_session("named", name="My session")

@@ -4,7 +4,9 @@ new anchors are written without a write check only while jaclang's own hooks ans
 
 from __future__ import annotations
 
+import pytest
 from conftest import assistant, call, tool, user
+from contextrender import InvalidRequest
 from contextrender import core, working_set
 from contextrender.jaclang_setup import import_jaclang
 
@@ -12,7 +14,7 @@ import_jaclang()
 
 from jaclang.jac0core.archetype import Root  # noqa: E402
 from jaclang.runtimelib import memory as jac_memory  # noqa: E402
-from jaclang.runtimelib.changeset import ApplyReport  # noqa: E402
+from jaclang.runtimelib.changeset import ApplyReport, snapshot_field_hashes  # noqa: E402
 from jaclang.runtimelib.serializer import Serializer  # noqa: E402
 
 
@@ -96,3 +98,132 @@ def test_new_anchors_are_written_without_a_write_check_only_while_jaclang_answer
     # Its commit asked the plugin about each new node and edge: 3 events, a call, Next x3, Calls, Answered.
     assert len(set(asked)) >= 9
     assert engine.get_session("checked")["events"] == engine.get_session("plain")["events"] == len(HISTORY)
+
+
+# ---------------------------------------------------------------------------------------------
+# The anchors an Engine keeps between its calls (KeptAnchors)
+
+REUSING = [
+    user("fix the bug"),
+    assistant(None, call("c1", "grep", {"pattern": "bug"})),
+    tool("c1", "src/alpha_module.py:12 bug here\nsrc/beta_module.py:40 bug there"),
+    assistant(None, call("c2", "read", {"path": "src/alpha_module.py"})),
+    tool("c2", "def alpha():\n    return compute_beta_value(1)\n"),
+    assistant(None, call("c3", "read", {"path": "src/beta_module.py"}), call("c4", "grep", {"pattern": "compute_beta_value"})),
+    tool("c3", "def compute_beta_value(x):\n    return x\n"),
+    tool("c4", "src/alpha_module.py:2 compute_beta_value"),
+]
+
+
+def _kept(engine) -> working_set.Kept:
+    kept = engine._kept._kept
+    assert kept is not None
+    return kept
+
+
+def _all_as_stored(engine) -> int:
+    """Every anchor the engine keeps is what its stored row holds (its fields, edges in their stored
+    order, version), with the baseline (its hash and its fields') a load would give it; how many."""
+    import json
+    import sqlite3
+
+    kept = _kept(engine)
+    rows = dict(sqlite3.connect(kept.path).execute("SELECT id, data FROM anchors").fetchall())
+    for (id, anchor) in list(kept.anchors.items()):
+        assert json.loads(rows[str(id)]) == json.loads(json.dumps(Serializer.serialize(anchor, include_type=True)))
+        if id in kept.unbaselined:  # its baseline, as the next call that takes it sets it
+            kept.lend(id, {})
+            kept.anchors[id] = anchor
+        assert anchor.hash == Serializer._compute_hash(anchor)
+        hashes = dict(anchor.archetype.__jac_field_hashes__)
+        snapshot_field_hashes(anchor)
+        assert hashes == anchor.archetype.__jac_field_hashes__
+    return len(kept.anchors)
+
+
+def _loads(monkeypatch) -> list[str]:
+    """The archetypes of the anchors the store loads from now on."""
+    from contextrender import store
+
+    loaded: list[str] = []
+    get = store.SharedSqliteStore.get
+
+    def counted(self, id):  # noqa: ANN001, ANN202
+        anchor = get(self, id)
+        if anchor is not None:
+            loaded.append(type(anchor.archetype).__name__)
+        return anchor
+
+    monkeypatch.setattr(store.SharedSqliteStore, "get", counted)
+    return loaded
+
+
+def test_the_next_call_takes_the_anchors_the_last_left_as_stored_instead_of_loading_them(engine, monkeypatch):
+    for end in (2, 4, 6, len(REUSING)):
+        engine.render("s", REUSING[:end], budget=2000)
+    assert _all_as_stored(engine) > 10
+    loaded = _loads(monkeypatch)
+    before = engine.get_session("s", include_messages=True)["messages"]
+    engine.render("s", REUSING + [assistant("done: compute_beta_value fixed")], budget=2000)
+    assert set(loaded) == {"Root"}  # the session, the chain's tail, the results it reuses: kept
+    assert engine.get_session("s", include_messages=True)["messages"] == before + [assistant("done: compute_beta_value fixed")]
+    _all_as_stored(engine)
+
+
+def test_another_writers_commit_between_two_calls_is_seen(tmp_path, monkeypatch):
+    from contextrender import Engine
+
+    (ours, theirs) = (Engine(tmp_path / "store"), Engine(tmp_path / "store"))
+    ours.ingest("s", REUSING[:3])
+    ours.ingest("s", REUSING[3:5], append=True)
+    assert _all_as_stored(ours) > 0
+    theirs.ingest("s", REUSING[5:7], append=True)  # the session and the chain's tail change under ours
+    loaded = _loads(monkeypatch)
+    ours.ingest("s", REUSING[7:], append=True)
+    assert "Session" in loaded  # what ours kept was dropped, and loaded again
+    assert ours.get_session("s", include_messages=True)["messages"] == REUSING
+    assert theirs.get_session("s")["events"] == len(REUSING)
+    _all_as_stored(ours)
+
+
+def test_a_failed_call_keeps_none_of_its_anchors(engine, monkeypatch):
+    engine.ingest("s", REUSING[:3])
+    assert _all_as_stored(engine) > 0
+
+    def fails() -> None:
+        raise RuntimeError("the commit failed")
+
+    # It fails in its commit, after its walker changed the session and the chain's tail.
+    monkeypatch.setattr(core, "give_way", fails)
+    with pytest.raises(RuntimeError, match="the commit failed"):
+        engine.ingest("s", REUSING[3:5], append=True)
+    monkeypatch.undo()
+    assert engine._kept._kept is None or not engine._kept._kept.anchors
+    assert engine.get_session("s", include_messages=True)["messages"] == REUSING[:3]
+    engine.ingest("s", REUSING[5:], append=True)
+    assert engine.get_session("s", include_messages=True)["messages"] == REUSING[:3] + REUSING[5:]
+    _all_as_stored(engine)
+
+
+def test_another_writers_commit_during_a_call_is_seen(tmp_path, monkeypatch):
+    from contextrender import Engine
+
+    (ours, theirs) = (Engine(tmp_path / "store"), Engine(tmp_path / "store"))
+    ours.ingest("s", REUSING[:3])
+    during: list[int] = []
+
+    def their_calls() -> None:
+        # Once, inside our call's commit (before its write transaction): sessions made under
+        # the shelves and the directory ours loaded to make its own.
+        if not during:
+            during.append(1)
+            for n in range(12):
+                theirs.ingest(f"t{n}", REUSING[:1])
+
+    monkeypatch.setattr(core, "give_way", their_calls)
+    ours.ingest("new", REUSING[:3])
+    monkeypatch.undo()
+    assert during == [1]
+    _all_as_stored(ours)  # another connection committed during the call: what it keeps is as stored (nothing)
+    assert [ours.get_session(f"t{n}")["events"] for n in range(12)] == [1] * 12
+    assert sorted(s["session_id"] for s in ours.list_sessions()) == sorted(["s", "new"] + [f"t{n}" for n in range(12)])

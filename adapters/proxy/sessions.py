@@ -132,6 +132,19 @@ class SessionState:
         self.rendered: list | None = None
         # The last answer, until it is stored (with the next request's render, or alone).
         self.pending: Answer | None = None
+        # The message list the last request sent, and its normal forms (`Sessions.reconcile`).
+        self.sent: list = []
+        self.normal: list = []
+
+
+def _common_prefix(a: list, b: list) -> int:
+    """How many leading items of `a` and `b` are equal."""
+    n = 0
+    for (x, y) in zip(a, b):
+        if x is not y and x != y:
+            break
+        n += 1
+    return n
 
 
 def _answer_bytes(message: dict) -> int:
@@ -188,8 +201,14 @@ class Sessions:
         each answer the proxy stored in place of the agent's copy of it (agents rebuild answers
         from streams or SDK objects: `content` "" for null, extra keys in tool calls). Without
         this the engine, which compares exactly, would take every echoed answer for a rewrite."""
-        messages = [normal_form(m) for m in messages]
         state = self.session(session_id)
+        # An agent re-sends the history it sent last time and adds to it: the messages equal to
+        # the last request's keep their normal forms (normal_form is a function of the value),
+        # the rest are put in normal form (about 0.5 ms a request at 350 messages, in Jac).
+        same = _common_prefix(messages, state.sent)
+        normal = state.normal[:same] + [normal_form(m) for m in messages[same:]]
+        (state.sent, state.normal) = (messages, normal)
+        messages = list(normal)
         stored = state.answers
         for position in sorted(stored):
             if position < len(messages) and same_event(stored[position], messages[position]):
