@@ -362,11 +362,14 @@ def test_a_result_left_out_that_the_model_uses_again_brings_a_re_render_and_room
         assert_sound(later, budget)
         return later.mode, later.mode_reason, {d.call_id: d.status for d in later.decisions}
 
-    (mode, _, status) = run("off")
+    (mode, _, status) = run("off", reuse_room="none")
     assert mode == "append" and status["a"] == "omitted"
-    (mode, reason, status) = run("rerender", reuse_rerender=True)
+    (mode, reason, status) = run("rerender", reuse_rerender=True, reuse_room="none")
     assert mode == "re-render" and reason == "result r1, left out, was used since the previous request"
     assert status["a"] == "omitted", "the re-render's cap leaves it out as before"
+    # The default ("gain", no re-render for it): the room comes at the next re-render.
+    (mode, _, status) = run("default")
+    assert mode == "append" and status["a"] == "omitted"
     for room in ("gain", "fit"):
         (mode, _, status) = run(room, reuse_rerender=True, reuse_room=room)
         assert mode == "re-render" and status["a"] == "kept", room
