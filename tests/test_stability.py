@@ -370,9 +370,13 @@ def test_a_result_left_out_that_the_model_uses_again_brings_a_re_render_and_room
     # The default ("gain", no re-render for it): the room comes at the next re-render.
     (mode, _, status) = run("default")
     assert mode == "append" and status["a"] == "omitted"
+    reasons = {}
     for room in ("gain", "fit"):
-        (mode, _, status) = run(room, reuse_rerender=True, reuse_room=room)
+        (mode, reasons[room], status) = run(room, reuse_rerender=True, reuse_room=room)
         assert mode == "re-render" and status["a"] == "kept", room
+    # "gain" says so: its room is taken only when the selection shows the result with it.
+    assert reasons["gain"] == reason + "; result r1, left out and used since, given its room beyond the cap"
+    assert reasons["fit"] == reason
     (mode, _, status) = run("all", reuse_rerender=True, reuse_room="all")
     assert mode == "re-render" and status["e"] == "kept"
     with pytest.raises(Exception, match="reuse_room"):
