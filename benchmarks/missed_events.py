@@ -41,6 +41,7 @@ def main() -> None:
     parser.add_argument("traces")
     parser.add_argument("--limit", type=int, default=12)
     parser.add_argument("--budget", type=int, default=6000)
+    parser.add_argument("--part", default="all", help="all, train or held-out (contextrender replay --part)")
     parser.add_argument("--variant", type=parse_variant, action="append", required=True)
     args = parser.parse_args()
     tok = get_tokenizer()
@@ -49,8 +50,9 @@ def main() -> None:
     missed: collections.Counter = collections.Counter()
     split = collections.defaultdict(lambda: [0, 0, 0, 0])
     breaks: collections.Counter = collections.Counter()
+    why: collections.Counter = collections.Counter()
     total = 0
-    for trace in load_traces([args.traces], args.limit):
+    for trace in load_traces([args.traces], args.limit, args.part):
         messages = trace["messages"]
         engine = Engine(tempfile.mkdtemp(prefix="missed-"))
         events = collections.defaultdict(list)
@@ -59,6 +61,9 @@ def main() -> None:
         originals = {m["tool_call_id"]: m["content"] for m in messages if m["role"] == "tool"}
         system = sum(1 for m in messages if m["role"] == "system")
         previous: dict[int, list] = {}
+        # Each result's latest reuse (the assistant turn), and the assistant turn before this one.
+        last_reuse: dict[str, int] = {}
+        last_turn = -1
         done = 0
         for j, message in enumerate(messages):
             if message["role"] != "assistant":
@@ -76,6 +81,11 @@ def main() -> None:
                         d = next(d for d in result.decisions if d.call_id == event.call_id)
                         size = ">B" if d.tokens > args.budget else ">B/4" if d.tokens > args.budget / 4 else "<=B/4"
                         missed[(size, age_bin(event.age), "reused before" if d.reuse_count > 0 else "no reuse yet")] += 1
+                        # How the render that missed it was made, and whether an assistant turn
+                        # since the previous render (the latest step) reused it already.
+                        recent = last_reuse.get(event.call_id, -1) >= last_turn
+                        why[(result.mode, size, d.status if d.status != "omitted" or not d.reason else d.reason.split(":")[0][:40],
+                             "reused in the latest step" if recent else "not reused in the latest step")] += 1
                 if not result.selected:
                     previous[i] = result.messages
                     continue
@@ -94,6 +104,9 @@ def main() -> None:
                     kind = "fold marker" if "oldest messages" in first else "stub" if "is omitted to fit" in first else (result.messages[k]["role"] if k < len(result.messages) else "end")
                     breaks[(i, "first history message" if k == system else "later", kind)] += 1
                 previous[i] = result.messages
+            for event in events[j]:
+                last_reuse[event.call_id] = j
+            last_turn = j
     print(f"{total} events, B = {args.budget}")
     for i, variant in enumerate(variants):
         n, full, stubs, other = split[i]
@@ -103,6 +116,9 @@ def main() -> None:
             print(f"    request differs from the previous one at the {key[1]} ({key[2]}): {count}")
     print(f"events {variants[0]} missed ({sum(missed.values())}), by result size, age and observed reuse:")
     for key, count in sorted(missed.items(), key=lambda kc: -kc[1]):
+        print(f"    {key}: {count}")
+    print(f"the same events by the missing render's mode, the result's status or reason, and reuse in the latest step:")
+    for key, count in sorted(why.items(), key=lambda kc: -kc[1]):
         print(f"    {key}: {count}")
 
 

@@ -805,7 +805,7 @@ def test_long_calls_of_verbatim_turns_are_cut_once_prose_exceeds_its_share(engin
     whole = {f"c{i}": messages[1 + 2 * i]["tool_calls"][0]["function"]["arguments"] for i in range(6)}
     assert all(TOK.call_tokens(m["tool_calls"][0]) > 200 for m in messages if m.get("tool_calls"))
     settings = {"policy": "per-call", "prose_share": 0.5}
-    plain = engine.render("plain", messages, budget=2000, **settings)
+    plain = engine.render("plain", messages, budget=2000, verbatim_call_room=0, **settings)
     assert_sound(plain, 2000)
     assert plain.folded_messages > 0 and all(whole[k] == v for (k, v) in _shown_calls(plain).items())
     for newest in (False, True):
@@ -819,7 +819,7 @@ def test_long_calls_of_verbatim_turns_are_cut_once_prose_exceeds_its_share(engin
             assert cut.startswith("cat <<'EOF'") and cut.endswith("EOF") and "tokens cut by ContextRender" in cut
             assert TOK.call_tokens({"function": {"name": "bash", "arguments": shown[f"c{i}"]}}) <= 48 + 16
         assert (shown["c5"] == whole["c5"]) is not newest
-    assert engine.render("plain", messages, budget=100_000).messages == messages
+    assert engine.render("plain", messages, budget=100_000, verbatim_call_room=0).messages == messages
     # Within the prose share (all of B here) the calls stay whole.
     big = _writes(6, filler("out", 300))
     kept = engine.render("share", big, budget=3000, policy="per-call", prose_share=1.0, verbatim_call_room=48)

@@ -336,3 +336,48 @@ def test_appends_send_verbatim_calls_as_the_re_render_cut_them(tmp_path):
             else:
                 assert calls[-1]["function"]["arguments"] == whole[calls[-1]["id"]], "the newest step's call is whole"
         assert appended_cut > 0 or not newest
+
+
+def test_a_result_left_out_that_the_model_uses_again_brings_a_re_render_and_room(tmp_path):
+    """`reuse_rerender` and `reuse_room` (docs/restores.md, "the next round"): the first render
+    leaves out the oldest result (a); the model's next message uses a value only `a` holds. By
+    default that is appended (a stays out); with `reuse_rerender` the next render re-renders
+    instead, saying why; `reuse_room` then gives it room beyond the cap: "gain" and "fit" its own
+    tokens (too few for a larger, newer result, so the paper's selection takes it); "all" all of B
+    (where here newer results come first)."""
+    budget = 900
+    settings = dict(w_relevance=0.0, similarity_penalty=0.0, cache_value=0.0, prose_share=1.0)
+
+    def run(store: str, **extra) -> tuple:
+        engine = Engine(tmp_path / store)
+        messages = [user("compare")]
+        for name, size in (("a", 70), ("b", 140), ("c", 140), ("d", 140), ("e", 140), ("f", 140)):
+            messages += [assistant(None, call(name, "read", {})), tool(name, f"{name.upper()}_VALUE_1111 " + filler(name, size))]
+        messages += [assistant("so"), user("next")]
+        first = engine.render("s", messages, budget=budget, explain=True, **settings, **extra)
+        assert_sound(first, budget)
+        assert {d.call_id: d.status for d in first.decisions}["a"] == "omitted"
+        messages += [assistant("A_VALUE_1111 it is", call("g", "look", {})), tool("g", "small")]
+        later = engine.render("s", messages, budget=budget, explain=True, **settings, **extra)
+        assert_sound(later, budget)
+        return later.mode, later.mode_reason, {d.call_id: d.status for d in later.decisions}
+
+    (mode, _, status) = run("off", reuse_room="none")
+    assert mode == "append" and status["a"] == "omitted"
+    (mode, reason, status) = run("rerender", reuse_rerender=True, reuse_room="none")
+    assert mode == "re-render" and reason == "result r1, left out, was used since the previous request"
+    assert status["a"] == "omitted", "the re-render's cap leaves it out as before"
+    # The default ("gain", no re-render for it): the room comes at the next re-render.
+    (mode, _, status) = run("default")
+    assert mode == "append" and status["a"] == "omitted"
+    reasons = {}
+    for room in ("gain", "fit"):
+        (mode, reasons[room], status) = run(room, reuse_rerender=True, reuse_room=room)
+        assert mode == "re-render" and status["a"] == "kept", room
+    # "gain" says so: its room is taken only when the selection shows the result with it.
+    assert reasons["gain"] == reason + "; result r1, left out and used since, given its room beyond the cap"
+    assert reasons["fit"] == reason
+    (mode, _, status) = run("all", reuse_rerender=True, reuse_room="all")
+    assert mode == "re-render" and status["e"] == "kept"
+    with pytest.raises(Exception, match="reuse_room"):
+        Engine(tmp_path / "bad").render("s", [user("x")], budget=900, reuse_room="some")
