@@ -72,9 +72,10 @@ def test_a_call_the_render_cut_is_sent_cut_on_messages_and_responses():
 
 
 def test_verbatim_calls_the_render_cut_are_sent_cut_with_their_turns_text_and_thinking(engine):
-    """`verbatim_call_room` cuts the calls of verbatim turns (text and thinking beside them): the
-    Messages and Responses layers send each as the render cut it, the turn's other parts as the
-    client sent them (the last turn's thinking included), so the request holds what was counted."""
+    """`verbatim_call_room` cuts the calls of verbatim turns (the text beside them): the Messages
+    and Responses layers send each as the render cut it, the turn's other parts as the client sent
+    them, so the request holds what was counted. A turn carrying thinking blocks keeps its calls
+    whole (the provider checks a tool loop's signed thinking with its turn), its thinking as sent."""
     from contextrender.proxy.messages.wire import to_messages, to_normal as messages_normal
     from contextrender.proxy.responses.wire import to_items, to_normal as responses_normal
 
@@ -82,8 +83,8 @@ def test_verbatim_calls_the_render_cut_are_sent_cut_with_their_turns_text_and_th
     turns = [{"role": "user", "content": "fix the bug"}]
     items = [{"role": "user", "content": "fix the bug"}]
     for i in range(6):
-        turns += [{"role": "assistant", "content": [
-                      {"type": "thinking", "thinking": f"plan {i}", "signature": f"sig{i}"},
+        thinking = [{"type": "thinking", "thinking": f"plan {i}", "signature": f"sig{i}"}] if i == 5 else []
+        turns += [{"role": "assistant", "content": thinking + [
                       {"type": "text", "text": f"step {i}"},
                       {"type": "tool_use", "id": f"c{i}", "name": "bash", "input": {"command": script(i)}}]},
                   {"role": "user", "content": [{"type": "tool_result", "tool_use_id": f"c{i}", "content": f"wrote mod_{i}.py"}]}]
@@ -97,7 +98,8 @@ def test_verbatim_calls_the_render_cut_are_sent_cut_with_their_turns_text_and_th
     (normal, origins) = messages_normal({"messages": turns})
     rendered = engine.render("messages", normal, **settings)
     shown = {c["id"]: json.loads(c["function"]["arguments"]) for m in rendered.messages for c in m.get("tool_calls") or []}
-    assert len(shown) == 6 and all("tokens cut by ContextRender" in a["command"] for a in shown.values())
+    assert len(shown) == 6 and all("tokens cut by ContextRender" in shown[f"c{i}"]["command"] for i in range(5))
+    assert shown["c5"] == {"command": script(5)}, "a turn with thinking keeps its calls whole"
     sent = to_messages(rendered.messages, normal, origins, turns)
     blocks = [b for t in sent if t["role"] == "assistant" for b in t["content"]]
     assert {b["id"]: b["input"] for b in blocks if b["type"] == "tool_use"} == shown
