@@ -159,3 +159,14 @@ def test_an_in_process_call_leaves_the_collector_alone(courtesy):
         assert gc.get_threshold() == thresholds and courtesy.CALLS.long == 0
     finally:
         courtesy.TURN.reset(token)
+
+
+def test_long_calls_without_a_pause_still_get_a_full_collection_now_and_then(courtesy, monkeypatch):
+    import gc
+
+    turn = courtesy.TURN.get()
+    _compute_for(courtesy.LONG + 0.01)
+    assert turn.long
+    monkeypatch.setattr(courtesy, "HOLD_AT_MOST", 0.05)
+    assert _full_collections_while(lambda: _compute_for(0.2)) >= 1  # made by give_way, the hold kept
+    assert gc.get_threshold()[2] == courtesy.HELD_FULL_THRESHOLD
