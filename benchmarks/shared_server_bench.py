@@ -197,6 +197,11 @@ def one_run(args: argparse.Namespace, body: str, label: str, env: dict[str, str]
                 print(f"  error: {error}")
             if len(calls.errors) > 5:
                 print(f"  ... {len(calls.errors) - 5} more errors")
+            if args.calls_log:
+                shift = time.time() - time.monotonic()
+                args.calls_log.write_text("".join(f"{start + shift:.3f} {seconds:.3f} {status} {what}\n"
+                                                  for start, seconds, status, what in sorted(calls.rows)))
+                print(f"big call from {began + shift:.3f} to {ended + shift:.3f} (wall clock); calls in {args.calls_log}")
             log = server.log.read_text(errors="replace")
             print(f"'database is locked' in the server log: {log.count('database is locked')} times", flush=True)
         finally:
@@ -222,6 +227,9 @@ def main() -> None:
                         help="comma-separated CONTEXTRENDER_SWITCH_INTERVAL values (ms) served in turn, "
                              "'default' for the server's default: e.g. default,1,0.5")
     parser.add_argument("--rounds", type=int, default=1, help="times each setting is run, alternated")
+    parser.add_argument("--calls-log", type=Path,
+                        help="write every ordinary call here, one line each: wall-clock start, seconds, status, kind "
+                             "(the last run's; to line up a stall with the server's log or a profile)")
     args = parser.parse_args()
     logging.getLogger("httpx").setLevel(logging.WARNING)
 

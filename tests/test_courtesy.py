@@ -19,10 +19,11 @@ def courtesy():
 
     assert courtesy.GIVE_WAY, "CONTEXTRENDER_GIVE_WAY is on unless set to 0"
     running = courtesy.CALLS.running
-    token = courtesy.TURN.set(courtesy.CallTurn())  # a server call's turn, as the guard gives it
+    token = courtesy.TURN.set(turn := courtesy.CallTurn())  # a server call's turn, as the guard gives it
     courtesy.CALLS.enter()  # and its count
     yield courtesy
     courtesy.TURN.reset(token)
+    courtesy.CALLS.leave(turn)  # as the guard does: a long call's hold on full collections ends
     courtesy.CALLS.running = running
 
 
@@ -79,3 +80,93 @@ def test_it_goes_on_as_soon_as_the_other_call_ends(courtesy):
         ended.join()
     # Waiting only while the other call ran, then computing without a pause.
     assert took < courtesy.LONG + 0.3 + 0.15 + 0.1
+
+
+def _full_collections_while(make_garbage) -> int:
+    """How many full collections Python's garbage collector started on its own while `make_garbage`
+    ran, everything older out of its walks (as the server does once started: adapters/server/app.py)."""
+    import gc
+
+    full = []
+
+    def count(phase: str, info: dict) -> None:
+        if phase == "start" and info["generation"] == 2:
+            full.append(1)
+
+    gc.collect()
+    gc.freeze()
+    gc.callbacks.append(count)
+    try:
+        make_garbage()
+    finally:
+        gc.callbacks.remove(count)
+        gc.unfreeze()
+    return len(full)
+
+
+def _cycles(n: int = 300_000) -> None:
+    """Allocations that survive young collections in cycles (what a big ingestion makes), kept
+    until the end, so that the old generation grows past the collector's rule for a full collection."""
+    kept = []
+    for i in range(n):
+        a, b = {}, {}
+        a["b"], b["a"] = b, a
+        kept.append(a)
+
+
+def test_no_full_collection_runs_while_a_long_call_is_in_progress(courtesy):
+    import gc
+
+    thresholds = gc.get_threshold()
+    # Without a long call the collector makes full collections over such garbage.
+    assert _full_collections_while(_cycles) > 0
+    turn = courtesy.TURN.get()
+    _compute_for(courtesy.LONG + 0.01)  # past LONG: a long call from now on
+    assert turn.long and courtesy.CALLS.long == 1
+    try:
+        assert _full_collections_while(_cycles) == 0
+        assert gc.get_threshold()[:2] == thresholds[:2]  # the young generations are collected as before
+    finally:
+        courtesy.CALLS.leave(turn)
+    assert gc.get_threshold() == thresholds and courtesy.CALLS.long == 0 and not turn.long
+    assert _full_collections_while(_cycles) > 0
+
+
+def test_collections_wait_for_the_last_of_several_long_calls(courtesy):
+    import gc
+
+    thresholds = gc.get_threshold()
+    first, second = courtesy.CallTurn(), courtesy.CallTurn()
+    courtesy.CALLS.hold_collections(first)
+    courtesy.CALLS.hold_collections(first)  # once per call
+    courtesy.CALLS.hold_collections(second)
+    assert courtesy.CALLS.long == 2
+    courtesy.CALLS.enter()
+    courtesy.CALLS.leave(first)
+    assert gc.get_threshold()[2] == courtesy.HELD_FULL_THRESHOLD  # the second still runs
+    courtesy.CALLS.enter()
+    courtesy.CALLS.leave(second)
+    assert gc.get_threshold() == thresholds and courtesy.CALLS.long == 0
+
+
+def test_an_in_process_call_leaves_the_collector_alone(courtesy):
+    import gc
+
+    thresholds = gc.get_threshold()
+    token = courtesy.TURN.set(None)  # the Engine gives no turn: the host application's collector
+    try:
+        _compute_for(courtesy.LONG + 0.05)
+        assert gc.get_threshold() == thresholds and courtesy.CALLS.long == 0
+    finally:
+        courtesy.TURN.reset(token)
+
+
+def test_long_calls_without_a_pause_still_get_a_full_collection_now_and_then(courtesy, monkeypatch):
+    import gc
+
+    turn = courtesy.TURN.get()
+    _compute_for(courtesy.LONG + 0.01)
+    assert turn.long
+    monkeypatch.setattr(courtesy, "HOLD_AT_MOST", 0.05)
+    assert _full_collections_while(lambda: _compute_for(0.2)) >= 1  # made by give_way, the hold kept
+    assert gc.get_threshold()[2] == courtesy.HELD_FULL_THRESHOLD

@@ -75,10 +75,10 @@ class FakeWalkers:
 class Request:
     """One request to the guard: its answer, and a client that can leave."""
 
-    def __init__(self, guard: RequestGuard, walker: str, session: str, user: str = "alice") -> None:
+    def __init__(self, guard: RequestGuard, walker: str, session: str, user: str = "alice", messages: list | None = None) -> None:
         self.gone = asyncio.Event()
         self.status: int | None = None
-        body = json.dumps({"session_id": session, "messages": []}).encode()
+        body = json.dumps({"session_id": session, "messages": messages or []}).encode()
         scope = {"type": "http", "path": f"/walker/{walker}", "headers": [(b"content-length", str(len(body)).encode())],
                  "state": {"username": user}}
         messages = [{"type": "http.request", "body": body, "more_body": False}]
@@ -341,6 +341,30 @@ def test_the_guard_counts_the_calls_in_progress_for_a_long_call_to_give_way_to()
         # Each call had a turn of its own.
         assert isinstance(app.turns["big"], core.CallTurn) and isinstance(app.turns["other"], core.CallTurn)
         assert app.turns["big"] is not app.turns["other"]
+
+    run(test)
+
+
+def test_a_call_with_a_big_body_holds_full_collections_until_it_ends():
+    import gc
+
+    from engine.courtesy import HELD_FULL_THRESHOLD
+
+    from contextrender.server.guard import OFF_LOOP_BYTES
+
+    thresholds = gc.get_threshold()
+
+    async def test(app: FakeWalkers, guard: RequestGuard) -> None:
+        app.held["big"] = asyncio.Event()
+        big = Request(guard, "ingest_events", "big", messages=[user("x" * 1000)] * (OFF_LOOP_BYTES // 1000 + 1))
+        await app.entered.setdefault("big", asyncio.Event()).wait()
+        assert app.turns["big"].long and gc.get_threshold()[2] == HELD_FULL_THRESHOLD
+        small = Request(guard, "ingest_events", "small")
+        await small.task
+        assert not app.turns["small"].long and gc.get_threshold()[2] == HELD_FULL_THRESHOLD
+        app.held["big"].set()
+        await big.task
+        assert big.status == 200 and gc.get_threshold() == thresholds and core.CALLS.long == 0
 
     run(test)
 

@@ -412,3 +412,40 @@ def test_serve_says_ready_once_it_answers_with_what_to_do_next(tmp_path):
     assert f"inspector:     {url}/contextrender/" in out and "Ctrl-C" in out
     assert "Admin portal is disabled" not in out and "/admin" not in out and "Server ready" not in out
     assert process.returncode is not None
+
+
+def test_password_hashes_run_one_core_short_and_answer_the_same():
+    """bcrypt lets go of the interpreter: unbounded, thirty registrations at once took every core
+    from the server's other calls (adapters/server/accounts.py)."""
+    import threading
+    import time
+
+    from contextrender.server.accounts import hash_one_core_short
+
+    running, most = [0], [0]
+    lock = threading.Lock()
+
+    class Storage:  # jac-scale's IdentityStorage shape: static methods its stores call by class name
+        @staticmethod
+        def hash_password(password: str) -> str:
+            with lock:
+                running[0] += 1
+                most[0] = max(most[0], running[0])
+            time.sleep(0.05)
+            with lock:
+                running[0] -= 1
+            return "hash:" + password
+
+        @staticmethod
+        def verify_password(password: str, password_hash: str) -> bool:
+            return "hash:" + password == password_hash
+
+    hash_one_core_short(Storage, hashes=1)
+    hash_one_core_short(Storage, hashes=1)  # once per class
+    threads = [threading.Thread(target=Storage.hash_password, args=(f"p{i}",)) for i in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert most[0] == 1
+    assert Storage.hash_password("x") == "hash:x" and Storage.verify_password("x", "hash:x")

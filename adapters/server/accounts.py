@@ -12,6 +12,10 @@ jac-scale's user manager with these changes):
   they hold across restarts and for every server process on the store.
 - Passwords have at least CONTEXTRENDER_MIN_PASSWORD_LENGTH characters (default 12): at
   registration, change and reset (400 naming the setting).
+- Password hashing (bcrypt, a second of one core each here) runs at most on all cores but one at
+  a time (`hash_one_core_short`): bcrypt lets go of the interpreter, so thirty registrations at
+  once ran thirty hashes on the two cores and every other call of the process waited seconds for
+  a core (docs/performance.md, "Issue 30, sixth round"). A storm of registrations now queues.
 - Failed logins are throttled (`LoginThrottle`, ASGI middleware on `POST /user/login`): after
   CONTEXTRENDER_LOGIN_FAILURES failures (default 5) for one identity, or ten times that from
   one client address, within 15 minutes, further attempts get 429 with `Retry-After` (1 s,
@@ -106,10 +110,28 @@ class TokenLedger:
         return row is not None and float(claims.get("iat", 0)) <= row[0]
 
 
+def hash_one_core_short(storage: type, hashes: int | None = None) -> None:
+    """`storage`'s password hashing and check (jac-scale's `IdentityStorage` static methods, which
+    its stores call by that class's name, so a subclass cannot take them over) made to run at most
+    `hashes` at a time in the process (default: the cores but one, at least one). Once per class."""
+    if getattr(storage, "hashes_bounded", False):
+        return
+    slots = threading.BoundedSemaphore(hashes or max(1, (os.cpu_count() or 1) - 1))
+    for name in ("hash_password", "verify_password"):
+        def bounded(*args: Any, _hash: Any = getattr(storage, name)) -> Any:
+            with slots:
+                return _hash(*args)
+        setattr(storage, name, staticmethod(bounded))
+    storage.hashes_bounded = True
+
+
 def user_manager_class() -> type:
     """jac-scale's user manager with ContextRender's token and password rules."""
     import jwt
     from jac_scale import user_manager as scale
+    from jac_scale.identity_storage import IdentityStorage
+
+    hash_one_core_short(IdentityStorage)
 
     class UserManager(scale.JacScaleUserManager):
         def __post_init__(self) -> None:

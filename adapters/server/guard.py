@@ -166,14 +166,15 @@ class RequestGuard:
 
         # Counted while in progress: a long call gives way to the others (engine/courtesy.jac).
         core.CALLS.enter()
-        token = core.TURN.set(core.CallTurn())
+        token = core.TURN.set(turn := core.CallTurn())
         try:
             await self.guarded(scope, receive, send)
         finally:
             core.TURN.reset(token)
-            core.CALLS.leave()
+            core.CALLS.leave(turn)
 
     async def guarded(self, scope: dict, receive: Any, send: Any) -> None:
+        from contextrender import core
         path = scope["path"]
         try:
             self.check_route(path)
@@ -183,6 +184,8 @@ class RequestGuard:
                 # middleware log a traceback ("No response returned").
                 logger.info("%s: the client closed the connection before its request body was complete", path)
                 raise _Refused(499, "CLIENT_LEFT", "the client left before its request body was complete")
+            if len(body) > OFF_LOOP_BYTES:  # a long call from its body on (engine/courtesy.jac)
+                core.CALLS.hold_collections(core.TURN.get())
             parsed, problem = (await checked_json(body)) if body else (None, "")
             if problem:
                 raise _Refused(400, "INVALID_JSON", problem)
@@ -207,8 +210,6 @@ class RequestGuard:
         if not (caller and isinstance(session_id, str)):
             await self.app(scope, replay, self.mapped(send))
             return
-        from contextrender import core
-
         key = (caller, session_id)
         watch = ClientWatch(receive)
         # The walker's thread gets a copy of this context: the walker sees `watch.left` (engine/cancel.jac).
