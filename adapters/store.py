@@ -18,8 +18,8 @@ in-process Engine, adapters/local.py, both answer it with `SharedSqliteStore`):
   and a stored row merged on its text for an edge-list change or a changed field (jaclang
   deserialises the node, sets the change and serialises it whole: a result's text, a session's
   render log), byte for byte jaclang's rows (tests/test_rows.py, tests/test_store.py).
-- **No collector pass in a flush**: Python's cyclic collector is off while a flush serialises and
-  writes its rows (its full passes scan every object of the process to free almost nothing).
+- **No full collection in a flush**: Python's cyclic collector makes none while a flush serialises
+  and writes its rows (its full passes scan every object of the process to free almost nothing).
 - **Connections reused**: a closed context's idle connection is kept, a few per file, for the
   next context on the same file while the file is the one it opened; `release` closes them.
 - **No write to open the store**: the schema is created (or a legacy store migrated) only when not
@@ -32,7 +32,6 @@ write as they did. With MongoDB (MONGODB_URI, jac-scale) the hook answers nothin
 from __future__ import annotations
 
 import contextlib
-import gc
 import json
 import os
 import sqlite3
@@ -114,14 +113,14 @@ def _in_blocks(conn: sqlite3.Connection, sql: str, ids: list[str], params: tuple
 
 @contextlib.contextmanager
 def collector_held() -> Iterator[None]:
-    """Python's cyclic collector held off inside, and left as it was after."""
-    collecting = gc.isenabled()
-    gc.disable()
+    """No full collection of Python's cyclic collector inside (engine/courtesy.jac counts the holds)."""
+    from contextrender import core
+
+    core.CALLS.hold_full_collections()
     try:
         yield
     finally:
-        if collecting:
-            gc.enable()
+        core.CALLS.release_full_collections()
 
 
 def busy_timeout() -> float:

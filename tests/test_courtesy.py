@@ -122,13 +122,13 @@ def test_no_full_collection_runs_while_a_long_call_is_in_progress(courtesy):
     assert _full_collections_while(_cycles) > 0
     turn = courtesy.TURN.get()
     _compute_for(courtesy.LONG + 0.01)  # past LONG: a long call from now on
-    assert turn.long and courtesy.CALLS.long == 1
+    assert turn.long and courtesy.CALLS.holding == 1
     try:
         assert _full_collections_while(_cycles) == 0
         assert gc.get_threshold()[:2] == thresholds[:2]  # the young generations are collected as before
     finally:
         courtesy.CALLS.leave(turn)
-    assert gc.get_threshold() == thresholds and courtesy.CALLS.long == 0 and not turn.long
+    assert gc.get_threshold() == thresholds and courtesy.CALLS.holding == 0 and not turn.long
     assert _full_collections_while(_cycles) > 0
 
 
@@ -140,13 +140,13 @@ def test_collections_wait_for_the_last_of_several_long_calls(courtesy):
     courtesy.CALLS.hold_collections(first)
     courtesy.CALLS.hold_collections(first)  # once per call
     courtesy.CALLS.hold_collections(second)
-    assert courtesy.CALLS.long == 2
+    assert courtesy.CALLS.holding == 2
     courtesy.CALLS.enter()
     courtesy.CALLS.leave(first)
     assert gc.get_threshold()[2] == courtesy.HELD_FULL_THRESHOLD  # the second still runs
     courtesy.CALLS.enter()
     courtesy.CALLS.leave(second)
-    assert gc.get_threshold() == thresholds and courtesy.CALLS.long == 0
+    assert gc.get_threshold() == thresholds and courtesy.CALLS.holding == 0
 
 
 def test_an_in_process_call_leaves_the_collector_alone(courtesy):
@@ -156,7 +156,7 @@ def test_an_in_process_call_leaves_the_collector_alone(courtesy):
     token = courtesy.TURN.set(None)  # the Engine gives no turn: the host application's collector
     try:
         _compute_for(courtesy.LONG + 0.05)
-        assert gc.get_threshold() == thresholds and courtesy.CALLS.long == 0
+        assert gc.get_threshold() == thresholds and courtesy.CALLS.holding == 0
     finally:
         courtesy.TURN.reset(token)
 

@@ -364,7 +364,7 @@ def test_a_call_with_a_big_body_holds_full_collections_until_it_ends():
         assert not app.turns["small"].long and gc.get_threshold()[2] == HELD_FULL_THRESHOLD
         app.held["big"].set()
         await big.task
-        assert big.status == 200 and gc.get_threshold() == thresholds and core.CALLS.long == 0
+        assert big.status == 200 and gc.get_threshold() == thresholds and core.CALLS.holding == 0
 
     run(test)
 

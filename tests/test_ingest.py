@@ -128,27 +128,31 @@ def test_edges_between_new_nodes_skip_connects_checks_only_while_jaclang_answers
     assert sorted(e["kind"] for e in plain["edges"]) == sorted(e["kind"] for e in checked["edges"])
 
 
-def test_the_cyclic_collector_is_held_off_while_a_call_makes_its_nodes(engine, monkeypatch):
+def test_no_full_collection_while_a_call_makes_its_nodes(engine, monkeypatch):
     """Python's full collections scanned every object of the process three or four times during a
     2,000-result ingestion (a fifth of its CPU time) to free almost nothing: the nodes a call makes
-    live until it ends. The collector is off while ingestion places and links them, and as it was after."""
+    live until it ends. Full collections are held (engine/courtesy.jac) while ingestion places and
+    links them, and the collector's thresholds are as they were after, also when it was held already."""
     import gc
 
+    from engine.courtesy import CALLS, HELD_FULL_THRESHOLD
     from engine.index import SessionIndex
 
-    seen: list[bool] = []
+    seen: list[int] = []
     add = SessionIndex.add
-    monkeypatch.setattr(SessionIndex, "add", lambda self, *args, **kwargs: seen.append(gc.isenabled()) or add(self, *args, **kwargs))
-    assert gc.isenabled()
+    monkeypatch.setattr(SessionIndex, "add", lambda self, *args, **kwargs: seen.append(gc.get_threshold()[2]) or add(self, *args, **kwargs))
+    thresholds = gc.get_threshold()
+    assert thresholds[2] != HELD_FULL_THRESHOLD
     engine.ingest("s", run(4))
-    assert len(seen) == len(run(4)) - 1 and not any(seen)  # each event but the system message
-    assert gc.isenabled()
-    gc.disable()
+    assert len(seen) == len(run(4)) - 1 and set(seen) == {HELD_FULL_THRESHOLD}  # each event but the system message
+    assert gc.get_threshold() == thresholds and CALLS.holding == 0
+    CALLS.hold_full_collections()  # a long call of the server's, say
     try:
         engine.ingest("s", run(5))
-        assert not gc.isenabled()  # left as it was
+        assert gc.get_threshold()[2] == HELD_FULL_THRESHOLD  # still its hold
     finally:
-        gc.enable()
+        CALLS.release_full_collections()
+    assert gc.get_threshold() == thresholds
     assert engine.get_session("s")["events"] == len(run(5)) - 1
 
 

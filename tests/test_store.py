@@ -332,13 +332,16 @@ def test_rows_written_ahead_of_a_flush_that_is_not_applied_are_taken_back(tmp_pa
     assert (_rows(engine), engine.get_session("s")["events"]) == before
 
 
-def test_the_cyclic_collector_is_held_off_while_a_flush_serialises_and_writes(tmp_path, monkeypatch):
+def test_no_full_collection_while_a_flush_serialises_and_writes(tmp_path, monkeypatch):
     import gc
 
+    from engine.courtesy import HELD_FULL_THRESHOLD
+
     engine = Engine(tmp_path / "store")
-    seen: list[bool] = []
+    seen: list[int] = []
     row = store.anchor_row
-    monkeypatch.setattr(store, "anchor_row", lambda anchor: seen.append(gc.isenabled()) or row(anchor))
+    monkeypatch.setattr(store, "anchor_row", lambda anchor: seen.append(gc.get_threshold()[2]) or row(anchor))
+    thresholds = gc.get_threshold()
     engine.ingest("s", _tool_rounds(3))
-    assert seen and not any(seen)
-    assert gc.isenabled()
+    assert seen and set(seen) == {HELD_FULL_THRESHOLD}
+    assert gc.get_threshold() == thresholds
