@@ -53,7 +53,7 @@ from jaclang.runtimelib.changeset import ChangeSet, WriteIntent  # noqa: E402
 from contextrender.rows import INSERT_ROW as _INSERT, anchor_row, merge_stored_text  # noqa: E402
 
 
-__all__ = ["SharedSqliteStore", "StorePlugin", "busy_timeout", "install", "release"]
+__all__ = ["SharedSqliteStore", "StorePlugin", "busy_timeout", "file_key", "install", "release"]
 
 DEFAULT_BUSY_TIMEOUT = 120.0
 # jaclang's insert of a new row, only where no row with its id is stored (a create's first branch).
@@ -70,7 +70,8 @@ _idle: dict[str, list[tuple[sqlite3.Connection, tuple[int, int]]]] = {}
 _idle_lock = threading.Lock()
 
 
-def _file_key(path: str) -> tuple[int, int] | None:
+def file_key(path: str) -> tuple[int, int] | None:
+    """The file's (device, inode), None when it is not there: tells a file replaced under a path."""
     try:
         found = os.stat(path)
     except OSError:
@@ -81,7 +82,7 @@ def _file_key(path: str) -> tuple[int, int] | None:
 def _idle_connection(path: str) -> sqlite3.Connection | None:
     """A kept connection to `path` that is still open on the file now at `path` (one to a file
     deleted or replaced since is closed: it would read and write the old one)."""
-    now = _file_key(path)
+    now = file_key(path)
     while True:
         with _idle_lock:
             kept = _idle.get(path)
@@ -147,7 +148,7 @@ class SharedSqliteStore(jac_memory.SqliteMemory):
         if kept is not None:
             jac_memory._load_db_aliases(kept)
             self.__conn__ = kept
-            self._opened = _file_key(self.path)
+            self._opened = file_key(self.path)
             return
         parent = os.path.dirname(self.path)
         if parent:
@@ -163,7 +164,7 @@ class SharedSqliteStore(jac_memory.SqliteMemory):
                 jac_memory._create_new_schema(conn)
         jac_memory._load_db_aliases(conn)
         self.__conn__ = conn
-        self._opened = _file_key(self.path)
+        self._opened = file_key(self.path)
 
     def close(self) -> None:
         """jaclang's close, except that an idle connection (no transaction open) is kept for the

@@ -11,7 +11,6 @@ loading and deserialising them again, while nobody else wrote the store."""
 from __future__ import annotations
 
 import json
-import os
 import sqlite3
 import threading
 from dataclasses import dataclass, field
@@ -27,6 +26,8 @@ from jaclang.runtimelib import memory as jac_memory  # noqa: E402
 from jaclang.runtimelib.changeset import ApplyReport, ChangeSet, snapshot_field_hashes  # noqa: E402
 from jaclang.runtimelib.serializer import Serializer  # noqa: E402
 from jaclang.runtimelib.typecache import get_field_types  # noqa: E402
+
+from contextrender.store import file_key  # noqa: E402
 
 __all__ = ["KeptAnchors", "NewAnchorsUnhashed", "OneCommitMemory", "RebaselinedInSlices", "jaclang_checks_access", "server_memory_class"]
 
@@ -146,14 +147,6 @@ class OneCommitMemory(NewAnchorsUnhashed, jac_memory.TieredMemory):
         if self.kept is not None:
             self.kept.forget(id)
         super().delete(id)
-
-
-def _file_key(path: str) -> tuple[int, int] | None:
-    try:
-        found = os.stat(path)
-    except OSError:
-        return None
-    return (found.st_dev, found.st_ino)
 
 
 def _data_version(conn: sqlite3.Connection) -> int:
@@ -301,7 +294,7 @@ class KeptAnchors:
         watch = self._watch
         if watch is None or getattr(l3, "path", None) != self._path or not jaclang_checks_access():
             return None
-        now = _file_key(self._path)
+        now = file_key(self._path)
         if l3.__conn__ is None:
             if now is None:
                 return None
