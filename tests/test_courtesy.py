@@ -113,9 +113,15 @@ def _full_collections_while(make_garbage) -> int:
     return len(full)
 
 
-def _cycles(n: int = 300_000) -> None:
+def _cycles(n: int = 0) -> None:
     """Allocations that survive young collections in cycles (what a big ingestion makes), kept
-    until the end, so that the old generation grows past the collector's rule for a full collection."""
+    until the end, so that the old generation grows past the collector's rule for a full collection
+    (Python 3.12: objects moved to it since the last full one over a quarter of those it then kept,
+    which is the whole heap of the process before the freeze: so n in proportion to that heap,
+    larger in a whole test run than in this file alone)."""
+    import gc
+
+    n = n or max(300_000, len(gc.get_objects()))
     kept = []
     for i in range(n):
         a, b = {}, {}
