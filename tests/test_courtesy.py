@@ -100,21 +100,31 @@ def _full_collections_while(make_garbage) -> int:
     this file alone."""
     import gc
 
-    full = []
+    import engine.courtesy as courtesy
 
-    def count(phase: str, info: dict) -> None:
-        if phase == "start" and info["generation"] == 2:
-            full.append(1)
+    for _ in range(5):
+        full = []
+        holds = {courtesy.CALLS.holding}
 
-    gc.collect()
-    heap = len(gc.get_objects())
-    gc.freeze()
-    gc.callbacks.append(count)
-    try:
-        make_garbage(max(300_000, heap // 3))
-    finally:
-        gc.callbacks.remove(count)
-        gc.unfreeze()
+        def count(phase: str, info: dict) -> None:
+            holds.add(courtesy.CALLS.holding)
+            if phase == "start" and info["generation"] == 2:
+                full.append(1)
+
+        gc.collect()
+        heap = len(gc.get_objects())
+        gc.freeze()
+        gc.callbacks.append(count)
+        try:
+            make_garbage(max(300_000, heap // 3))
+        finally:
+            gc.callbacks.remove(count)
+            gc.unfreeze()
+        if len(holds) == 1:
+            break
+        # Another thread of the process (an earlier test's proxy storing an answer in-process)
+        # took or left a hold of full collections meanwhile: measure again.
+        time.sleep(0.5)
     return len(full)
 
 
