@@ -53,7 +53,7 @@ from jaclang.runtimelib.changeset import ChangeSet, WriteIntent  # noqa: E402
 from contextrender.rows import INSERT_ROW as _INSERT, anchor_row, merge_stored_text  # noqa: E402
 
 
-__all__ = ["SharedSqliteStore", "StorePlugin", "busy_timeout", "file_key", "install", "release"]
+__all__ = ["SharedSqliteStore", "StorePlugin", "busy_timeout", "file_key", "in_blocks", "install", "release"]
 
 DEFAULT_BUSY_TIMEOUT = 120.0
 # jaclang's insert of a new row, only where no row with its id is stored (a create's first branch).
@@ -102,7 +102,7 @@ def release(path: str | os.PathLike[str]) -> None:
         conn.close()
 
 
-def _in_blocks(conn: sqlite3.Connection, sql: str, ids: list[str], params: tuple = ()) -> list:
+def in_blocks(conn: sqlite3.Connection, sql: str, ids: list[str], params: tuple = ()) -> list:
     """The rows of `sql` run once per block of ID_BLOCK `ids`: its "(?ids)" is the block's
     placeholders (an `IN (...)` list), followed by `params`."""
     found: list = []
@@ -243,7 +243,7 @@ class SharedSqliteStore(jac_memory.SqliteMemory):
         """Delete rows written ahead that their flush did not apply (nothing stored reaches them)."""
         self.__conn__.commit()
         with self.__conn__ as conn:
-            _in_blocks(conn, "DELETE FROM anchors WHERE id IN (?ids)", [str(key) for key in ids])
+            in_blocks(conn, "DELETE FROM anchors WHERE id IN (?ids)", [str(key) for key in ids])
 
     def edge_targets(self, node: UUID, edge_ids: list[UUID], via: type, cls: type, fields: tuple[str, ...],
                      root: UUID) -> list[tuple[UUID, dict]] | None:
@@ -262,7 +262,7 @@ class SharedSqliteStore(jac_memory.SqliteMemory):
             if self.__conn__ is None:
                 return []
             try:
-                rows = _in_blocks(
+                rows = in_blocks(
                     self.__conn__,
                     f"SELECT first.id, step.key, n.id, {picks} FROM anchors AS first"
                     " JOIN anchors AS mid ON mid.id = json_extract(first.data, '$.target')"
@@ -287,7 +287,7 @@ class SharedSqliteStore(jac_memory.SqliteMemory):
         prepared = getattr(self, "_prepared", None) or {}
         if getattr(self, "_probed_for", None) is not prepared:
             ids = [str(key) for key in prepared]
-            found = {row[0] for row in _in_blocks(conn, "SELECT id FROM anchors WHERE id IN (?ids)", ids)}
+            found = {row[0] for row in in_blocks(conn, "SELECT id FROM anchors WHERE id IN (?ids)", ids)}
             (self._probed_for, self._probed) = (prepared, found)
         return self._probed
 

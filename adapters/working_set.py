@@ -27,7 +27,7 @@ from jaclang.runtimelib.changeset import ApplyReport, ChangeSet, snapshot_field_
 from jaclang.runtimelib.serializer import Serializer  # noqa: E402
 from jaclang.runtimelib.typecache import get_field_types  # noqa: E402
 
-from contextrender.store import file_key  # noqa: E402
+from contextrender.store import file_key, in_blocks  # noqa: E402
 
 __all__ = ["KeptAnchors", "NewAnchorsUnhashed", "OneCommitMemory", "RebaselinedInSlices", "jaclang_checks_access", "server_memory_class"]
 
@@ -223,15 +223,9 @@ class Kept:
 
     def _stored(self, ids: list[UUID]) -> dict[str, Any]:
         """The stored edge list (JSON) of each of `ids` that has a row."""
-        found: dict[str, Any] = {}
-        keys = [str(id) for id in ids]
         assert self.conn is not None
-        for start in range(0, len(keys), 500):
-            chunk = keys[start:start + 500]
-            found.update(self.conn.execute(
-                "SELECT id, json_extract(data, '$.edges') FROM anchors"
-                f" WHERE id IN ({', '.join('?' * len(chunk))})", chunk))
-        return found
+        return dict(in_blocks(self.conn, "SELECT id, json_extract(data, '$.edges') FROM anchors WHERE id IN (?ids)",
+                              [str(id) for id in ids]))
 
     def keep(self, working: dict[UUID, Anchor], written: set[UUID]) -> None:
         """Keep the anchors a committed call left in `working`, as stored: the ones it only loaded
