@@ -227,3 +227,20 @@ def test_another_writers_commit_during_a_call_is_seen(tmp_path, monkeypatch):
     _all_as_stored(ours)  # another connection committed during the call: what it keeps is as stored (nothing)
     assert [ours.get_session(f"t{n}")["events"] for n in range(12)] == [1] * 12
     assert sorted(s["session_id"] for s in ours.list_sessions()) == sorted(["s", "new"] + [f"t{n}" for n in range(12)])
+
+
+def test_the_watch_is_read_by_one_thread_at_a_time(engine):
+    """Python's sqlite3 shares a connection's cached statements between threads: 8 threads reading
+    `PRAGMA data_version` on one connection at once got no row in thousands of reads (and the
+    8-thread engine test failed on it in CI)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    engine.ingest("s", REUSING[:3])  # the store's file exists: the Engine watches it
+    kept = engine._kept
+
+    def reads(_: int) -> set[int | None]:
+        return {kept._watch_version() for _ in range(2000)}
+
+    with ThreadPoolExecutor(8) as pool:
+        seen = set().union(*pool.map(reads, range(8)))
+    assert None not in seen and len(seen) == 1
