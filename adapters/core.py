@@ -43,7 +43,7 @@ _FROM: dict[str, tuple[str, ...]] = {
     "engine.values": ("recall_tokens",),
     # The assistant normal form and echo matching ingestion uses (the proxy stores and forwards
     # answers in that form).
-    "engine.messages": ("normal_form", "same_event"),
+    "engine.messages": ("normal_form", "same_event", "detached"),
     # The memory setting the proxy bounds its own per-session state by.
     "engine.index": ("cache_bytes_setting",),
     # The request rules the server also applies to every JSON body (adapters/server/app.py).

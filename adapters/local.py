@@ -38,6 +38,22 @@ store.install()
 __all__ = ["Engine", "DEFAULT_STORE"]
 
 
+def _unshared(report: Any) -> Any:
+    """A call's report with its messages copied: a rendered message is the session index's own
+    dict (and a caller that decorates what it was given, say with a cache breakpoint, would
+    otherwise change what the next call compares its history with). A client's reports are
+    parsed from JSON and share nothing already."""
+    if isinstance(report, list):
+        return [_unshared(item) for item in report]
+    if isinstance(report, core.RenderResult):
+        report.messages = core.detached(report.messages)
+    elif isinstance(report, core.Restoration):
+        report.message = core.detached(report.message)
+    elif isinstance(report, dict):
+        report = core.detached(report)
+    return report
+
+
 class Engine(EndpointMethods):
     """ContextRender on a local graph store (SQLite under `store`/.jac/data).
 
@@ -91,7 +107,7 @@ class Engine(EndpointMethods):
 
     def _call(self, walker: str, **fields: Any) -> Any:
         session_id = fields.get("session_id")
-        return self._run(lambda: WALKERS[walker](**fields), session_id)
+        return _unshared(self._run(lambda: WALKERS[walker](**fields), session_id))
 
     def _run(self, build: Callable[[], Any], session_id: str | None = None) -> Any:
         """Run the endpoint walker `build()` makes on the store, in a fresh execution context (like a

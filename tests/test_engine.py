@@ -146,3 +146,38 @@ def test_a_render_adds_the_usage_report_it_carries_and_a_bad_one_changes_nothing
             engine.render("r", messages + [{"role": "user", "content": "more"}], budget=1000, usage=bad)
     after = engine.get_session("r")
     assert after["usage"]["requests"] == 1 and after["events"] == 2
+
+
+def _reading(task: str = "fix the bug in src/") -> list[dict]:
+    return [
+        {"role": "user", "content": task},
+        {"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "read", "arguments": '{"path": "a.py"}'}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "def f(): return 1  # ORDER_123456"},
+    ]
+
+
+def test_a_caller_decorating_what_it_was_given_changes_nothing_of_its_own_or_stored(engine):
+    messages = _reading()
+    result = engine.render("s", messages, budget=2000)
+    # As an Anthropic caller marks a cache breakpoint on what it sends, turn after turn.
+    for message in result.messages:
+        message["cache_control"] = {"type": "ephemeral"}
+        (message.get("tool_calls") or [{}])[0]["decorated"] = True
+    engine.get_session("s", include_messages=True)["messages"][0]["content"] = "changed"
+    assert messages == _reading()  # the caller's own history is its own
+    later = messages + [{"role": "assistant", "content": "ORDER_123456 fixed"}, {"role": "user", "content": "thanks"}]
+    again = engine.render("s", later, budget=2000)
+    assert again.messages == later  # no breakpoint left behind, nothing seen as a rewrite
+    assert engine.get_session("s")["events"] == 5 and engine.get_session("s")["branch"] == 0
+
+
+def test_a_message_the_caller_rewrites_in_place_is_a_rewrite(engine, tmp_path):
+    messages = _reading()
+    engine.render("s", messages, budget=2000)
+    messages[0]["content"] = "a different task"  # the same dict, sent again
+    result = engine.render("s", messages, budget=2000)
+    assert result.messages[0]["content"] == "a different task"
+    # What this Engine now holds is what a fresh one reads from the store: the rewrite forked it.
+    assert engine.get_session("s")["branch"] == 1
+    fresh = Engine(engine.store)
+    assert fresh.get_session("s", include_messages=True)["messages"] == messages
