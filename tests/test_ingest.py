@@ -156,23 +156,44 @@ def test_no_full_collection_while_a_call_makes_its_nodes(engine, monkeypatch):
     assert engine.get_session("s")["events"] == len(run(5)) - 1
 
 
-def test_jaclangs_edge_builder_is_asked_once_per_edge_class(engine, monkeypatch):
-    """`build_edge` answers a new builder at each call (a hook call through jaclang's dispatch per
-    edge); the builder of each edge class is kept, and the graph is the one built before."""
+def test_edges_are_built_and_saved_without_jaclangs_dispatch_while_jaclang_answers(engine, monkeypatch):
+    """Ingestion builds and saves its edges as jaclang's `build_edge` builder and `save` do, without
+    a hook call for each (`save` through jaclang's dispatch, for the edge and each new node: about
+    5 % of a long ingestion); a plugin that answers `save` itself gets every save, and the graph
+    and the render are the ones jaclang's connect makes."""
     import walkers.ingest as ingest_module
-    from jaclang import JacRuntime
+    from jaclang.jac0core.runtime import JacRuntimeInterface, hookimpl, plugin_manager
 
-    asked: list = []
-    build_edge = JacRuntime.build_edge
-    monkeypatch.setattr(JacRuntime, "build_edge", lambda **kwargs: asked.append(kwargs["conn_type"]) or build_edge(**kwargs))
-    monkeypatch.setattr(ingest_module, "EDGE_BUILDERS", {})
-    engine.ingest("s", run(6))
-    classes = [kind for kind in asked if isinstance(kind, type)]
-    assert sorted(kind.__name__ for kind in classes) == ["Answered", "Calls", "Next"]
-    graph = engine.export_graph("s")
-    assert sorted({e["kind"] for e in graph["edges"]}) >= ["Answered", "Calls", "Next"]
-    assert sum(1 for e in graph["edges"] if e["kind"] == "Next") == len(run(6)) - 1
-    assert sum(1 for e in graph["edges"] if e["kind"] == "Answered") == 6
+    saved: list = []
+    save = JacRuntimeInterface.save
+    monkeypatch.setattr(JacRuntimeInterface, "save", lambda obj: saved.append(obj) or save(obj))
+    messages = run(6)
+    for session in ("lean", "connect"):
+        engine.ingest(session, messages[:2])  # the session made (its directory and shelves: connect's)
+    saved[:] = []
+    engine.ingest("lean", messages)
+    assert saved == []
+
+    class SavesItself:
+        @staticmethod
+        @hookimpl
+        def save(obj) -> None:  # noqa: ANN001 (jaclang's hook)
+            saved.append(obj)
+
+    plugin = SavesItself()
+    plugin_manager.register(plugin, name="saves-itself")
+    try:
+        assert not ingest_module._jaclang_connects()
+    finally:
+        plugin_manager.unregister(plugin)
+    assert ingest_module._jaclang_connects()
+    monkeypatch.setattr(ingest_module, "_jaclang_connects", lambda: False)
+    engine.ingest("connect", messages)
+    assert len(saved) >= len(messages) - 2  # connect saves through the hook
+    (lean, plain) = (engine.export_graph(s) for s in ("lean", "connect"))
+    assert sorted(e["kind"] for e in lean["edges"]) == sorted(e["kind"] for e in plain["edges"])
+    assert sorted(n["kind"] for n in lean["nodes"]) == sorted(n["kind"] for n in plain["nodes"])
+    assert engine.render("lean", messages, budget=600).messages == engine.render("connect", messages, budget=600).messages
 
 
 def test_an_edge_to_a_stored_node_asks_its_access_check_as_connect_would(engine, monkeypatch):
