@@ -224,3 +224,31 @@ def test_an_edge_to_a_stored_node_asks_its_access_check_as_connect_would(engine,
     assert sorted(e["kind"] for e in lean["edges"]) == sorted(e["kind"] for e in plain["edges"])
     assert len(lean["nodes"]) == len(plain["nodes"])
     assert engine.render("lean", messages, budget=600).messages == engine.render("connect", messages, budget=600).messages
+
+
+def test_a_call_reads_its_context_and_the_topology_index_setting_once(engine, monkeypatch):
+    """jaclang's builder and `save` ask for the context through its dispatch and read the topology
+    index's setting for each edge and each new node; ingestion reads both once a call, and calls
+    the index's hooks for each edge and node when the index is on."""
+    import walkers.ingest as ingest_module
+    from jaclang.jac0core.runtime import JacRuntimeInterface
+    from jaclang.runtimelib import topo_utils
+
+    messages = run(6)
+    engine.ingest("s", messages[:2])
+    reads: list = []
+    get_context = JacRuntimeInterface.get_context
+    monkeypatch.setattr(JacRuntimeInterface, "get_context", lambda: reads.append("context") or get_context())
+    enabled = topo_utils._is_enabled
+    for module in (topo_utils, ingest_module):
+        monkeypatch.setattr(module, "_is_enabled", lambda: reads.append("setting") or enabled(), raising=False)
+    engine.ingest("s", messages)
+    (settings, contexts, reads[:]) = (reads.count("setting"), reads.count("context"), [])
+    engine.ingest("s", messages + run(12)[len(messages) - 1:])  # twice the new events
+    assert settings == reads.count("setting") == 1 and contexts == reads.count("context")  # not per edge
+    indexed: list = []
+    for name in ("on_edge_created", "on_node_saved"):
+        monkeypatch.setattr(ingest_module, name, lambda *anchors, name=name: indexed.append(name), raising=False)
+    monkeypatch.setenv("JAC_TOPOLOGY_INDEX", "1")
+    summary = engine.ingest("t", messages)
+    assert indexed.count("on_node_saved") >= summary.added and indexed.count("on_edge_created") >= summary.added
