@@ -244,7 +244,7 @@ def test_a_call_reads_its_context_and_the_topology_index_setting_once(engine, mo
         monkeypatch.setattr(module, "_is_enabled", lambda: reads.append("setting") or enabled(), raising=False)
     engine.ingest("s", messages)
     (settings, contexts, reads[:]) = (reads.count("setting"), reads.count("context"), [])
-    engine.ingest("s", messages + run(12)[len(messages) - 1:])  # twice the new events
+    engine.ingest("s", messages + run(18)[len(messages) - 1:])  # twice the new events (25)
     assert settings == reads.count("setting") == 1 and contexts == reads.count("context")  # not per edge
     indexed: list = []
     for name in ("on_edge_created", "on_node_saved"):
