@@ -156,23 +156,44 @@ def test_no_full_collection_while_a_call_makes_its_nodes(engine, monkeypatch):
     assert engine.get_session("s")["events"] == len(run(5)) - 1
 
 
-def test_jaclangs_edge_builder_is_asked_once_per_edge_class(engine, monkeypatch):
-    """`build_edge` answers a new builder at each call (a hook call through jaclang's dispatch per
-    edge); the builder of each edge class is kept, and the graph is the one built before."""
+def test_edges_are_built_and_saved_without_jaclangs_dispatch_while_jaclang_answers(engine, monkeypatch):
+    """Ingestion builds and saves its edges as jaclang's `build_edge` builder and `save` do, without
+    a hook call for each (`save` through jaclang's dispatch, for the edge and each new node: about
+    5 % of a long ingestion); a plugin that answers `save` itself gets every save, and the graph
+    and the render are the ones jaclang's connect makes."""
     import walkers.ingest as ingest_module
-    from jaclang import JacRuntime
+    from jaclang.jac0core.runtime import JacRuntimeInterface, hookimpl, plugin_manager
 
-    asked: list = []
-    build_edge = JacRuntime.build_edge
-    monkeypatch.setattr(JacRuntime, "build_edge", lambda **kwargs: asked.append(kwargs["conn_type"]) or build_edge(**kwargs))
-    monkeypatch.setattr(ingest_module, "EDGE_BUILDERS", {})
-    engine.ingest("s", run(6))
-    classes = [kind for kind in asked if isinstance(kind, type)]
-    assert sorted(kind.__name__ for kind in classes) == ["Answered", "Calls", "Next"]
-    graph = engine.export_graph("s")
-    assert sorted({e["kind"] for e in graph["edges"]}) >= ["Answered", "Calls", "Next"]
-    assert sum(1 for e in graph["edges"] if e["kind"] == "Next") == len(run(6)) - 1
-    assert sum(1 for e in graph["edges"] if e["kind"] == "Answered") == 6
+    saved: list = []
+    save = JacRuntimeInterface.save
+    monkeypatch.setattr(JacRuntimeInterface, "save", lambda obj: saved.append(obj) or save(obj))
+    messages = run(6)
+    for session in ("lean", "connect"):
+        engine.ingest(session, messages[:2])  # the session made (its directory and shelves: connect's)
+    saved[:] = []
+    engine.ingest("lean", messages)
+    assert saved == []
+
+    class SavesItself:
+        @staticmethod
+        @hookimpl
+        def save(obj) -> None:  # noqa: ANN001 (jaclang's hook)
+            saved.append(obj)
+
+    plugin = SavesItself()
+    plugin_manager.register(plugin, name="saves-itself")
+    try:
+        assert not ingest_module._jaclang_connects()
+    finally:
+        plugin_manager.unregister(plugin)
+    assert ingest_module._jaclang_connects()
+    monkeypatch.setattr(ingest_module, "_jaclang_connects", lambda: False)
+    engine.ingest("connect", messages)
+    assert len(saved) >= len(messages) - 2  # connect saves through the hook
+    (lean, plain) = (engine.export_graph(s) for s in ("lean", "connect"))
+    assert sorted(e["kind"] for e in lean["edges"]) == sorted(e["kind"] for e in plain["edges"])
+    assert sorted(n["kind"] for n in lean["nodes"]) == sorted(n["kind"] for n in plain["nodes"])
+    assert engine.render("lean", messages, budget=600).messages == engine.render("connect", messages, budget=600).messages
 
 
 def test_an_edge_to_a_stored_node_asks_its_access_check_as_connect_would(engine, monkeypatch):
@@ -203,3 +224,31 @@ def test_an_edge_to_a_stored_node_asks_its_access_check_as_connect_would(engine,
     assert sorted(e["kind"] for e in lean["edges"]) == sorted(e["kind"] for e in plain["edges"])
     assert len(lean["nodes"]) == len(plain["nodes"])
     assert engine.render("lean", messages, budget=600).messages == engine.render("connect", messages, budget=600).messages
+
+
+def test_a_call_reads_its_context_and_the_topology_index_setting_once(engine, monkeypatch):
+    """jaclang's builder and `save` ask for the context through its dispatch and read the topology
+    index's setting for each edge and each new node; ingestion reads both once a call, and calls
+    the index's hooks for each edge and node when the index is on."""
+    import walkers.ingest as ingest_module
+    from jaclang.jac0core.runtime import JacRuntimeInterface
+    from jaclang.runtimelib import topo_utils
+
+    messages = run(6)
+    engine.ingest("s", messages[:2])
+    reads: list = []
+    get_context = JacRuntimeInterface.get_context
+    monkeypatch.setattr(JacRuntimeInterface, "get_context", lambda: reads.append("context") or get_context())
+    enabled = topo_utils._is_enabled
+    for module in (topo_utils, ingest_module):
+        monkeypatch.setattr(module, "_is_enabled", lambda: reads.append("setting") or enabled(), raising=False)
+    engine.ingest("s", messages)
+    (settings, contexts, reads[:]) = (reads.count("setting"), reads.count("context"), [])
+    engine.ingest("s", messages + run(18)[len(messages) - 1:])  # twice the new events (25)
+    assert settings == reads.count("setting") == 1 and contexts == reads.count("context")  # not per edge
+    indexed: list = []
+    for name in ("on_edge_created", "on_node_saved"):
+        monkeypatch.setattr(ingest_module, name, lambda *anchors, name=name: indexed.append(name), raising=False)
+    monkeypatch.setenv("JAC_TOPOLOGY_INDEX", "1")
+    summary = engine.ingest("t", messages)
+    assert indexed.count("on_node_saved") >= summary.added and indexed.count("on_edge_created") >= summary.added
