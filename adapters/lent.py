@@ -27,7 +27,7 @@ from contextrender.jaclang_setup import import_jaclang
 
 import_jaclang()  # before any jaclang import of this module: without the server's plugins
 
-from jaclang.jac0core.archetype import Anchor, EdgeAnchor, NodeAnchor  # noqa: E402
+from jaclang.jac0core.archetype import Anchor, EdgeAnchor, NodeAnchor, Permission  # noqa: E402
 from jaclang.runtimelib.changeset import ChangeSet, snapshot_field_hashes  # noqa: E402
 from jaclang.runtimelib.serializer import Serializer  # noqa: E402
 from jaclang.runtimelib.typecache import get_field_types  # noqa: E402
@@ -57,16 +57,27 @@ def _names(arch: Any) -> tuple[str, ...]:
     return names
 
 
+# The texts of an empty dict and an empty list (or tuple), the most common values that are not plain.
+_EMPTY = {dict: _Text("{}"), list: _Text("[]"), tuple: _Text("[]")}
+
+
 def _text(value: Any) -> _Text | None:
     """`value`'s JSON text as jaclang's field hash makes it; None for one holding an archetype or
     another object (serialised with its type or as a reference: left to jaclang)."""
+    if not value and type(value) in _EMPTY:
+        return _EMPTY[type(value)]
     text = json.dumps(Serializer._serialize_value(value, True), sort_keys=True, default=str)
     return None if '"__module__"' in text or '"$ref"' in text else _Text(text)
 
 
 def _frame(anchor: Anchor) -> tuple:
-    """What the anchor's hash covers besides its fields and a node's edges."""
-    access = json.dumps(Serializer._serialize_value(anchor.access, True), sort_keys=True, default=str)
+    """What the anchor's hash covers besides its fields and a node's edges: its access as its
+    level for all and for each root (equal ones serialise alike), else as its text."""
+    access = anchor.access
+    if type(access) is Permission and type(access.roots.anchors) is dict:
+        access = (access.all, dict(access.roots.anchors))
+    else:
+        access = json.dumps(Serializer._serialize_value(access, True), sort_keys=True, default=str)
     if isinstance(anchor, EdgeAnchor):
         ends = (anchor.source.id if anchor.source else None, anchor.target.id if anchor.target else None, anchor.is_undirected)
     else:

@@ -239,29 +239,35 @@ class Kept:
 
     def keep(self, working: dict[UUID, Anchor], written: set[UUID]) -> None:
         """Keep the anchors a committed call left in `working`, as stored: the ones it only loaded
-        as they are, the ones it wrote or made with the edge order and version of their stored row
-        (the store merges an edge list in its own order) and their baseline set when next lent;
-        one it made that was not stored (an edgeless node) is not kept. (The store sets the version
-        of a node whose edges it merged.)"""
+        as they are, the ones it wrote or made (a node made, or whose edge set changed, with the
+        edge order of its stored row: the store merges an edge list in its own order) with no
+        baseline (set when next lent, if the commit needs it: adapters/lent.py); one it made that
+        was not stored (an edgeless node) is not kept. (The store sets the version of a node whose
+        edges it merged.)"""
         for id in written:
             self.forget(id)
         # Taken without a baseline and not written: kept still without one.
         unhashed = {id for (id, taken) in self.lent.items() if not taken.baselined and id not in written}
         self.lent.clear()
-        candidates = [a for a in working.values() if a.persistent and a.is_populated() and not isinstance(a.archetype, Root)]
-        changed = [a.id for a in candidates if a.id in written or a.hash == 0]
+        candidates = [a for a in working.values() if a.persistent and a.is_populated() and not isinstance(a.archetype, Root)
+                      and (a.id in written or a.hash != 0)]
+        changed = [a for a in candidates if a.id in written or a.hash == 0]
         if len(changed) > MAX_KEPT:
             candidates = [a for a in candidates if not (a.id in written or a.hash == 0)]
             changed = []
-        stored = self._stored(changed) if changed else {}
+        # Written, so stored; the stored edge order is read only for a node made or whose edge set
+        # changed (the store merges an edge delta in its own order): another keeps its order.
+        ordered = {a.id for a in changed if isinstance(a, NodeAnchor) and (
+            a.hash == 0 or a.__dict__.get("_initial_edge_ids") != frozenset(e.id for e in a.edges))}
+        stored = self._stored(list(ordered)) if ordered else {}
         for anchor in candidates:
             if anchor.id in unhashed:
                 self.unbaselined.add(anchor.id)
             elif anchor.id in written or anchor.hash == 0:
-                key = str(anchor.id)
-                if key not in stored:
-                    continue
-                if isinstance(anchor, NodeAnchor):
+                if anchor.id in ordered:
+                    key = str(anchor.id)
+                    if key not in stored:
+                        continue
                     order = json.loads(stored[key]) if stored[key] else []
                     edges = {str(e.id): e for e in anchor.edges}
                     if len(order) != len(anchor.edges) or set(order) != set(edges):
