@@ -114,13 +114,16 @@ class Lent:
 
         anchor = self.anchor
         arch = anchor.archetype
-        edges = tuple(e.id for e in anchor.edges) if isinstance(anchor, NodeAnchor) else ()
+        edges = tuple([e.id for e in anchor.edges]) if isinstance(anchor, NodeAnchor) else ()
         if _names(arch) != self.names or _frame(anchor) != self.frame or (edges != self.edges and set(edges) == set(self.edges)):
             self.baseline()
             return False
         dirty = {name for (name, then) in zip(self.names, self.values) if not _same(getattr(arch, name, None), then)}
-        # jaclang's delta: against the edge ids the anchor was loaded (or lent) with.
-        delta = anchor.edge_delta() if edges != self.edges else None
+        delta = None
+        if edges != self.edges:
+            # jaclang's `NodeAnchor.edge_delta`: against the edge ids it was loaded (or lent) with.
+            (now, initial) = (set(edges), anchor.__dict__.get("_initial_edge_ids"))
+            delta = (now - initial, initial - now) if initial is not None else None
         if (edges != self.edges and not (delta and (delta[0] or delta[1]))) or not dirty <= get_field_types(type(arch)).keys() or (
                 delta is not None and not Jac.check_connect_access(anchor)) or (dirty and not Jac.check_write_access(anchor, op_hint="field_write")):
             self.baseline()
@@ -162,7 +165,7 @@ def lent(anchor: Anchor, baselined: bool) -> Lent | None:
             if value is None:
                 return None
         values.append(value)
-    edges = tuple(e.id for e in anchor.edges) if isinstance(anchor, NodeAnchor) else ()
+    edges = tuple([e.id for e in anchor.edges]) if isinstance(anchor, NodeAnchor) else ()
     return Lent(anchor, baselined, names, values, _frame(anchor), edges)
 
 
