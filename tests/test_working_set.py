@@ -304,3 +304,23 @@ def test_the_commit_records_what_jaclangs_pass_would_for_each_anchor_it_took(eng
     assert {"Session", "ToolResult", "RenderEpoch"} <= kinds
     assert any(changed for (_, changed) in seen) and any(not changed for (_, changed) in seen)
     _all_as_stored(engine)
+
+
+def test_the_stored_edge_order_is_read_back_only_for_nodes_whose_edges_changed(engine, monkeypatch):
+    """A node the call only changed field by field keeps the edge order it was loaded or kept with
+    (nobody else wrote it meanwhile), so it is not read back; a node made, or one that got an edge,
+    takes the stored order (the store merges an edge delta in its own order)."""
+    engine.render("s", REUSING[:4], budget=2000)
+    asked: list = []
+    stored = working_set.Kept._stored
+
+    def reads(self, ids):  # noqa: ANN001, ANN202
+        asked.extend(ids)
+        return stored(self, ids)
+
+    monkeypatch.setattr(working_set.Kept, "_stored", reads)
+    engine.render("s", REUSING[:4], budget=2000, usage={"input_tokens": 100, "output_tokens": 10})
+    assert asked == []  # the session's figures and usage changed, no edge
+    engine.render("s", REUSING[:6], budget=2000)
+    assert asked  # the chain's tail got an edge, the new events were made
+    _all_as_stored(engine)
