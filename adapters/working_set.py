@@ -23,10 +23,9 @@ import_jaclang()  # before any jaclang import of this module: without the server
 
 from jaclang.jac0core.archetype import Anchor, EdgeAnchor, NodeAnchor, Root  # noqa: E402
 from jaclang.runtimelib import memory as jac_memory  # noqa: E402
-from jaclang.runtimelib.changeset import ApplyReport, ChangeSet, snapshot_field_hashes  # noqa: E402
-from jaclang.runtimelib.serializer import Serializer  # noqa: E402
-from jaclang.runtimelib.typecache import get_field_types  # noqa: E402
+from jaclang.runtimelib.changeset import ApplyReport, ChangeSet  # noqa: E402
 
+from contextrender.lent import UNKNOWN_HASH, Lent, lent, rebaseline  # noqa: E402
 from contextrender.store import file_key, in_blocks  # noqa: E402
 
 __all__ = ["KeptAnchors", "NewAnchorsUnhashed", "OneCommitMemory", "RebaselinedInSlices", "jaclang_checks_access", "server_memory_class"]
@@ -49,21 +48,26 @@ class NewAnchorsUnhashed:
     go through jaclang's own pass. Mixed into jaclang's working set (OneCommitMemory, the Engine's) and
     jac-scale's (`server_memory_class`, the server's)."""
 
+    def _settled(self, changes: ChangeSet) -> set[UUID]:
+        """The anchors whose changes this working set recorded itself, left out of jaclang's pass."""
+        return set()
+
     def _collect_into(self, changes: ChangeSet) -> None:
         from jaclang import JacRuntimeInterface as Jac
 
+        settled = self._settled(changes)
         working = list(self.__mem__.items())
         fresh = [anchor for (_, anchor) in working
                  if anchor.hash == 0 and anchor.persistent and anchor.is_populated()
                  and not ((intent := changes.intents.get(anchor.id)) is not None and intent.is_delete())]
-        if fresh:
-            new_ids = {anchor.id for anchor in fresh}
+        left_out = settled | {anchor.id for anchor in fresh}
+        if left_out:
             self.__mem__.clear()
-            self.__mem__.update((key, anchor) for (key, anchor) in working if key not in new_ids)
+            self.__mem__.update((key, anchor) for (key, anchor) in working if key not in left_out)
         try:
             super()._collect_into(changes)
         finally:
-            if fresh:
+            if left_out:
                 self.__mem__.clear()
                 self.__mem__.update(working)
         from contextrender import core
@@ -126,9 +130,13 @@ class OneCommitMemory(NewAnchorsUnhashed, jac_memory.TieredMemory):
     """jaclang's working set for a context that commits once (the Engine's calls): new anchors
     unhashed at the commit. The Engine sets it on each call's context (adapters/local.py), whose
     re-baselining after the flush it also skips. With `kept` (the anchors its previous call left,
-    `KeptAnchors`), an anchor not yet in the working set is taken from them before the store."""
+    `KeptAnchors`), an anchor not yet in the working set is taken from them before the store, and
+    the commit checks what it took against what it was (adapters/lent.py) instead of hashing it."""
 
     kept: Kept | None = None
+
+    def _settled(self, changes: ChangeSet) -> set[UUID]:
+        return self.kept.settle(self.__mem__, changes) if self.kept is not None else set()
 
     def get(self, id: UUID) -> Anchor | None:
         anchor = self.__mem__.get(id)
@@ -154,28 +162,6 @@ def _data_version(conn: sqlite3.Connection) -> int:
     return conn.execute("PRAGMA data_version").fetchone()[0]
 
 
-def _rebaseline(anchor: Anchor) -> None:
-    """What a load from the store sets for the commit's change check (and jaclang's re-baselining
-    after a flush): the whole anchor's hash (`Serializer._compute_hash`), each field's
-    (`snapshot_field_hashes`), the edge ids it was loaded with. Both hashes from one serialisation
-    of the anchor when no field holds an archetype or another object (none serialised with its
-    type: `"__module__"` nowhere in a field's text), which jaclang's field pass serialises apart."""
-    arch = anchor.archetype
-    try:
-        data = Serializer.serialize(anchor, include_type=True)
-        anchor.hash = hash(json.dumps(data, sort_keys=True))
-        serialised = data["archetype"]
-        texts = {name: json.dumps(serialised.get(name), sort_keys=True, default=str) for name in get_field_types(type(arch))}
-    except Exception:  # noqa: BLE001  (as jaclang's hash: 0 when it cannot serialise)
-        (anchor.hash, texts) = (0, None)
-    if texts is not None and not any('"__module__"' in text for text in texts.values()):
-        object.__setattr__(arch, "__jac_field_hashes__", {name: hash(text) for (name, text) in texts.items()})
-    else:
-        snapshot_field_hashes(anchor)
-    if isinstance(anchor, NodeAnchor):
-        anchor.__dict__["_initial_edge_ids"] = frozenset(e.id for e in anchor.edges)
-
-
 def _unlinked(anchor: Anchor) -> Anchor:
     """`anchor` with the anchors it links to as unloaded stubs: a kept anchor reaches no other
     anchor of its call, so each one it reaches later is loaded through the working set (from the
@@ -199,6 +185,8 @@ class Kept:
     anchors: dict[UUID, Anchor] = field(default_factory=dict)
     # Kept with no baseline yet (written or made by a call): set when lent.
     unbaselined: set[UUID] = field(default_factory=set)
+    # What the call that has them took, as it was (adapters/lent.py).
+    lent: dict[UUID, Lent] = field(default_factory=dict)
     # The call that has them: its connection, and that connection's data_version when it took them.
     conn: sqlite3.Connection | None = None
     conn_version: int | None = None
@@ -207,11 +195,32 @@ class Kept:
         anchor = self.anchors.pop(id, None)
         if anchor is None:
             return None
-        if id in self.unbaselined:
-            self.unbaselined.discard(id)
-            _rebaseline(anchor)
+        baselined = id not in self.unbaselined
+        self.unbaselined.discard(id)
+        taken = lent(anchor, baselined)
+        if taken is None:
+            if not baselined:
+                rebaseline(anchor)
+        else:
+            self.lent[id] = taken
+            if not baselined:
+                # Its baseline is taken only if the commit finds it changed (Lent.baseline).
+                anchor.hash = UNKNOWN_HASH
+                if isinstance(anchor, NodeAnchor):
+                    anchor.__dict__["_initial_edge_ids"] = frozenset(e.id for e in anchor.edges)
         working[id] = anchor
         return anchor
+
+    def settle(self, working: dict[UUID, Anchor], changes: ChangeSet) -> set[UUID]:
+        """At the commit: the anchors taken from here that the working set still holds, and that
+        are not deleted, whose changes (if any) are now recorded in `changes` (Lent.settle)."""
+        settled = set()
+        for (id, taken) in self.lent.items():
+            if working.get(id) is not taken.anchor or ((intent := changes.intents.get(id)) is not None and intent.is_delete()):
+                continue
+            if taken.settle(changes):
+                settled.add(id)
+        return settled
 
     def forget(self, id: UUID) -> None:
         self.anchors.pop(id, None)
@@ -220,6 +229,7 @@ class Kept:
     def clear(self) -> None:
         self.anchors.clear()
         self.unbaselined.clear()
+        self.lent.clear()
 
     def _stored(self, ids: list[UUID]) -> dict[str, Any]:
         """The stored edge list (JSON) of each of `ids` that has a row."""
@@ -229,24 +239,35 @@ class Kept:
 
     def keep(self, working: dict[UUID, Anchor], written: set[UUID]) -> None:
         """Keep the anchors a committed call left in `working`, as stored: the ones it only loaded
-        as they are, the ones it wrote or made with the edge order and version of their stored row
-        (the store merges an edge list in its own order) and their baseline set when next lent;
-        one it made that was not stored (an edgeless node) is not kept. (The store sets the version
-        of a node whose edges it merged.)"""
+        as they are, the ones it wrote or made (a node made, or whose edge set changed, with the
+        edge order of its stored row: the store merges an edge list in its own order) with no
+        baseline (set when next lent, if the commit needs it: adapters/lent.py); one it made that
+        was not stored (an edgeless node) is not kept. (The store sets the version of a node whose
+        edges it merged.)"""
         for id in written:
             self.forget(id)
-        candidates = [a for a in working.values() if a.persistent and a.is_populated() and not isinstance(a.archetype, Root)]
-        changed = [a.id for a in candidates if a.id in written or a.hash == 0]
+        # Taken without a baseline and not written: kept still without one.
+        unhashed = {id for (id, taken) in self.lent.items() if not taken.baselined and id not in written}
+        self.lent.clear()
+        candidates = [a for a in working.values() if a.persistent and a.is_populated() and not isinstance(a.archetype, Root)
+                      and (a.id in written or a.hash != 0)]
+        changed = [a for a in candidates if a.id in written or a.hash == 0]
         if len(changed) > MAX_KEPT:
             candidates = [a for a in candidates if not (a.id in written or a.hash == 0)]
             changed = []
-        stored = self._stored(changed) if changed else {}
+        # Written, so stored; the stored edge order is read only for a node made or whose edge set
+        # changed (the store merges an edge delta in its own order): another keeps its order.
+        ordered = {a.id for a in changed if isinstance(a, NodeAnchor) and (
+            a.hash == 0 or a.__dict__.get("_initial_edge_ids") != frozenset(e.id for e in a.edges))}
+        stored = self._stored(list(ordered)) if ordered else {}
         for anchor in candidates:
-            if anchor.id in written or anchor.hash == 0:
-                key = str(anchor.id)
-                if key not in stored:
-                    continue
-                if isinstance(anchor, NodeAnchor):
+            if anchor.id in unhashed:
+                self.unbaselined.add(anchor.id)
+            elif anchor.id in written or anchor.hash == 0:
+                if anchor.id in ordered:
+                    key = str(anchor.id)
+                    if key not in stored:
+                        continue
                     order = json.loads(stored[key]) if stored[key] else []
                     edges = {str(e.id): e for e in anchor.edges}
                     if len(order) != len(anchor.edges) or set(order) != set(edges):

@@ -189,3 +189,33 @@ def test_warm_up_loads_the_tokenizer_and_the_local_embedder(tmp_path):
         "print(json.dumps([before, sorted(m._tokenizers), [e.model for e in m._embedder]]))"
     )
     assert in_new_process(script, tmp_path) == [[[], 0], ["o200k_base"], ["wordllama"]]
+
+
+def test_a_text_is_tokenised_once_and_counted_as_before(monkeypatch):
+    """A render counts again the calls it cuts, its stubs and the texts its log compares, the same
+    at every request: a text's count is kept by its text (COUNT_CACHE_CHARS characters, forgotten
+    all at once when full), and is the count tokenising it gives."""
+    import engine.measure as measure
+    from engine.measure import Tokenizer
+
+    encoded: list[str] = []
+
+    class Encoder:
+        def encode_ordinary(self, value):
+            encoded.append(value)
+            return TOK._enc.encode_ordinary(value)
+
+    counted = Tokenizer(encoding=TOK.encoding, scale=TOK.scale, _enc=Encoder())
+    texts = ["def f(x):\n    return x + 1\n", '{"path": "src/a.py"}', "ünïcode ✓ text", "x" * 5000]
+    assert [counted.count(t) for t in texts] == [len(TOK._enc.encode_ordinary(t)) for t in texts]
+    assert [counted.count(t) for t in texts] == [len(TOK._enc.encode_ordinary(t)) for t in texts]
+    assert encoded == texts  # each tokenised once
+    claude = Tokenizer(encoding="claude", scale=1.15, _enc=TOK._enc)
+    assert claude.count(texts[0]) == claude.count(texts[0]) == -(-len(TOK._enc.encode_ordinary(texts[0])) * 115 // 100)
+    monkeypatch.setattr(measure, "COUNT_CACHE_CHARS", 6000)
+    encoded.clear()
+    counted = Tokenizer(encoding=TOK.encoding, scale=TOK.scale, _enc=Encoder())
+    for t in texts + texts + ["y" * 1000, texts[0]]:
+        counted.count(t)
+    # 5,060 characters kept; the next text's 1,000 make it full: all forgotten, then counted again.
+    assert encoded == texts + ["y" * 1000, texts[0]]

@@ -9,6 +9,7 @@ from conftest import assistant, call, tool, user
 from contextrender import InvalidRequest
 from contextrender import core, working_set
 from contextrender.jaclang_setup import import_jaclang
+from contextrender.lent import rebaseline
 
 import_jaclang()
 
@@ -131,9 +132,8 @@ def _all_as_stored(engine) -> int:
     rows = dict(sqlite3.connect(kept.path).execute("SELECT id, data FROM anchors").fetchall())
     for (id, anchor) in list(kept.anchors.items()):
         assert json.loads(rows[str(id)]) == json.loads(json.dumps(Serializer.serialize(anchor, include_type=True)))
-        if id in kept.unbaselined:  # its baseline, as the next call that takes it sets it
-            kept.lend(id, {})
-            kept.anchors[id] = anchor
+        if id in kept.unbaselined:  # its baseline, as the next call's commit sets it when it changed
+            rebaseline(anchor)
         assert anchor.hash == Serializer._compute_hash(anchor)
         hashes = dict(anchor.archetype.__jac_field_hashes__)
         snapshot_field_hashes(anchor)
@@ -244,3 +244,83 @@ def test_the_watch_is_read_by_one_thread_at_a_time(engine):
     with ThreadPoolExecutor(8) as pool:
         seen = set().union(*pool.map(reads, range(8)))
     assert None not in seen and len(seen) == 1
+
+
+def _settled_as_jaclang_would(monkeypatch) -> list[tuple[str, bool]]:
+    """From now on, each anchor a call takes from the kept ones is also given a load's baseline
+    aside, and at the commit what `Lent.settle` recorded for it is checked against what jaclang's
+    pass finds from that baseline (changed or not, the changed fields, the edge delta); the
+    archetype and whether it changed, for each settled anchor."""
+    from contextrender import lent as lent_module
+    from jaclang.runtimelib.changeset import derive_dirty_fields
+
+    baselines: dict = {}
+    taking = working_set.lent
+
+    def taken(anchor, baselined):  # noqa: ANN001, ANN202
+        copy = Serializer._compute_hash(anchor), dict(anchor.archetype.__dict__.get("__jac_field_hashes__") or {})
+        rebaseline(anchor)
+        baselines[anchor.id] = (anchor.hash, dict(anchor.archetype.__jac_field_hashes__), frozenset(e.id for e in getattr(anchor, "edges", [])))
+        if baselined:
+            assert copy == baselines[anchor.id][:2]  # a kept anchor's baseline is a load's
+        return taking(anchor, baselined)
+
+    seen: list[tuple[str, bool]] = []
+    settle = lent_module.Lent.settle
+
+    def checked(self, changes):  # noqa: ANN001, ANN202
+        anchor = self.anchor
+        (whole, fields, edges) = baselines[anchor.id]
+        changed = Serializer._compute_hash(anchor) != whole
+        saved = anchor.archetype.__dict__.get("__jac_field_hashes__")
+        object.__setattr__(anchor.archetype, "__jac_field_hashes__", fields)
+        dirty = derive_dirty_fields(anchor)
+        object.__setattr__(anchor.archetype, "__jac_field_hashes__", saved)
+        now = frozenset(e.id for e in getattr(anchor, "edges", []))
+        settled = settle(self, changes)
+        if settled:
+            intent = changes.intents.get(anchor.id)
+            assert (intent is not None) == changed
+            if intent is not None:
+                assert intent.fields == dirty
+                assert (set(intent.edges_added), set(intent.edges_removed)) == (set(now - edges), set(edges - now))
+            seen.append((type(anchor.archetype).__name__, changed))
+        return settled
+
+    monkeypatch.setattr(working_set, "lent", taken)
+    monkeypatch.setattr(lent_module.Lent, "settle", checked)
+    return seen
+
+
+def test_the_commit_records_what_jaclangs_pass_would_for_each_anchor_it_took(engine, monkeypatch):
+    engine.render("s", REUSING[:2], budget=100)
+    seen = _settled_as_jaclang_would(monkeypatch)
+    for end in range(3, len(REUSING) + 1):
+        engine.render("s", REUSING[:end], budget=100, usage={"input_tokens": 10 * end, "output_tokens": 3})
+    engine.configure("s", omitted="drop")
+    engine.render("s", REUSING + [assistant("done: compute_beta_value fixed")], budget=100)
+    engine.restore("s", "r1")
+    kinds = {kind for (kind, _) in seen}
+    assert {"Session", "ToolResult", "RenderEpoch"} <= kinds
+    assert any(changed for (_, changed) in seen) and any(not changed for (_, changed) in seen)
+    _all_as_stored(engine)
+
+
+def test_the_stored_edge_order_is_read_back_only_for_nodes_whose_edges_changed(engine, monkeypatch):
+    """A node the call only changed field by field keeps the edge order it was loaded or kept with
+    (nobody else wrote it meanwhile), so it is not read back; a node made, or one that got an edge,
+    takes the stored order (the store merges an edge delta in its own order)."""
+    engine.render("s", REUSING[:4], budget=2000)
+    asked: list = []
+    stored = working_set.Kept._stored
+
+    def reads(self, ids):  # noqa: ANN001, ANN202
+        asked.extend(ids)
+        return stored(self, ids)
+
+    monkeypatch.setattr(working_set.Kept, "_stored", reads)
+    engine.render("s", REUSING[:4], budget=2000, usage={"input_tokens": 100, "output_tokens": 10})
+    assert asked == []  # the session's figures and usage changed, no edge
+    engine.render("s", REUSING[:6], budget=2000)
+    assert asked  # the chain's tail got an edge, the new events were made
+    _all_as_stored(engine)
