@@ -49,7 +49,7 @@ class Engine(EndpointMethods):
     """
 
     def __init__(self, store: str | os.PathLike[str] = DEFAULT_STORE) -> None:
-        core.serve_young_collections()  # a process with an Engine serves calls (engine/courtesy.jac)
+        core.serve_young_collections()  # fewer young collections in its process (engine/courtesy.jac)
         self.store = Path(store).resolve()
         self.store.mkdir(parents=True, exist_ok=True)
         self._locks = KeyedLocks()

@@ -18,7 +18,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
 
-from contextrender.core import RESTORE_TOOL, InvalidRequest, serve_young_collections
+from contextrender.core import RESTORE_TOOL, InvalidRequest
 from contextrender.inspector import routes as inspector
 from contextrender.metrics import CountRequests, ProxyMetrics, metrics_response
 from contextrender.proxy.admission import Admission, allowed_origins_setting
@@ -316,7 +316,6 @@ def create_app(
         # moved out of the collector's reach, a full collection no longer walks it. Without
         # this, the first request that allocated enough paid for one walk of the whole start-up
         # heap: a first request with 150 results 2.0 s, against 0.27 s after it.
-        serve_young_collections()  # engine/courtesy.jac
         gc.collect()
         gc.freeze()
         async with httpx.AsyncClient(timeout=timeout, limits=httpx.Limits(max_connections=None)) as client:

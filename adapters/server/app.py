@@ -118,7 +118,6 @@ def server_class() -> type:
                 from contextrender import core
 
                 core.warm_up()
-                core.serve_young_collections()  # engine/courtesy.jac
                 gc.collect()
                 gc.freeze()
                 return run_server(*args, **{**kwargs, "host": host})
