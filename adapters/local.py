@@ -65,6 +65,7 @@ class Engine(EndpointMethods):
     """
 
     def __init__(self, store: str | os.PathLike[str] = DEFAULT_STORE) -> None:
+        core.serve_young_collections()  # fewer young collections in its process (engine/courtesy.jac)
         self.store = Path(store).resolve()
         self.store.mkdir(parents=True, exist_ok=True)
         self._locks = KeyedLocks()

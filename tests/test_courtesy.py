@@ -115,9 +115,14 @@ def _full_collections_while(make_garbage) -> int:
         heap = len(gc.get_objects())
         gc.freeze()
         gc.callbacks.append(count)
+        # Python's young threshold (an earlier test's Engine raised it for the process): the
+        # count of young collections, and so of full ones, is then this file's alone.
+        young = gc.get_threshold()[0]
+        gc.set_threshold(courtesy.PYTHON_YOUNG_THRESHOLD, *gc.get_threshold()[1:])
         try:
             make_garbage(max(300_000, heap // 3))
         finally:
+            gc.set_threshold(young, *gc.get_threshold()[1:])
             gc.callbacks.remove(count)
             gc.unfreeze()
         if len(holds) == 1:
@@ -200,3 +205,63 @@ def test_long_calls_without_a_pause_still_get_a_full_collection_now_and_then(cou
     monkeypatch.setattr(courtesy, "HOLD_AT_MOST", 0.05)
     assert _full_collections_while(lambda n: _compute_for(0.2)) >= 1  # made by give_way, the hold kept
     assert gc.get_threshold()[2] == courtesy.HELD_FULL_THRESHOLD
+
+
+@pytest.fixture
+def python_thresholds():
+    """The process's collector as Python starts it (an earlier test's Engine raised the young
+    threshold), given back as it was."""
+    import gc
+
+    import engine.courtesy as courtesy
+
+    before = gc.get_threshold()
+    gc.set_threshold(courtesy.PYTHON_YOUNG_THRESHOLD, *before[1:])
+    yield courtesy
+    gc.set_threshold(*before)
+
+
+def test_a_serving_process_collects_its_young_generation_less_often(python_thresholds):
+    import gc
+
+    courtesy = python_thresholds
+    middle, full = gc.get_threshold()[1:]
+    core.serve_young_collections()
+    assert gc.get_threshold() == (courtesy.YOUNG_THRESHOLD, middle, full)
+    assert courtesy.YOUNG_THRESHOLD > courtesy.PYTHON_YOUNG_THRESHOLD
+    core.serve_young_collections()  # a second Engine: the same
+    assert gc.get_threshold() == (courtesy.YOUNG_THRESHOLD, middle, full)
+
+
+def test_an_engine_raises_the_young_threshold_and_an_application_s_own_is_kept(python_thresholds, tmp_path):
+    import gc
+
+    from contextrender import Engine
+
+    courtesy = python_thresholds
+    Engine(tmp_path / "store").close()
+    assert gc.get_threshold()[0] == courtesy.YOUNG_THRESHOLD
+    gc.set_threshold(5, *gc.get_threshold()[1:])  # the host application's own
+    Engine(tmp_path / "other").close()
+    assert gc.get_threshold()[0] == 5
+
+
+def test_the_young_threshold_and_the_hold_of_full_collections_keep_each_other(python_thresholds):
+    import gc
+
+    courtesy = python_thresholds
+    thresholds = gc.get_threshold()
+    courtesy.CALLS.hold_full_collections()  # a long call already in progress at the start
+    try:
+        core.serve_young_collections()
+        assert gc.get_threshold() == (courtesy.YOUNG_THRESHOLD, thresholds[1], courtesy.HELD_FULL_THRESHOLD)
+    finally:
+        courtesy.CALLS.release_full_collections()
+    # The hold gives back its third threshold only, not the young one it found.
+    assert gc.get_threshold() == (courtesy.YOUNG_THRESHOLD, *thresholds[1:])
+    courtesy.CALLS.hold_full_collections()
+    try:
+        assert gc.get_threshold() == (courtesy.YOUNG_THRESHOLD, thresholds[1], courtesy.HELD_FULL_THRESHOLD)
+    finally:
+        courtesy.CALLS.release_full_collections()
+    assert gc.get_threshold() == (courtesy.YOUNG_THRESHOLD, *thresholds[1:])
