@@ -381,3 +381,26 @@ def test_a_result_left_out_that_the_model_uses_again_brings_a_re_render_and_room
     assert mode == "re-render" and status["e"] == "kept"
     with pytest.raises(Exception, match="reuse_room"):
         Engine(tmp_path / "bad").render("s", [user("x")], budget=900, reuse_room="some")
+
+
+def test_the_reuse_that_brings_a_re_render_is_tool_flow_analysis_own(tmp_path, monkeypatch):
+    """`reused_since` reads TFA's attribution (the index's `reuse_sources`, the Reuses edges), not
+    values of its own: with TFA attributing nothing, a value the model uses again from a result
+    left out brings no re-render; with TFA as it is, it does (the test above)."""
+    from engine.index import SessionIndex
+
+    budget = 900
+    settings = dict(w_relevance=0.0, similarity_penalty=0.0, cache_value=0.0, prose_share=1.0,
+                    reuse_rerender=True, reuse_room="gain")
+    messages = [user("compare")]
+    for name, size in (("a", 70), ("b", 140), ("c", 140), ("d", 140), ("e", 140), ("f", 140)):
+        messages += [assistant(None, call(name, "read", {})), tool(name, f"{name.upper()}_VALUE_1111 " + filler(name, size))]
+    messages += [assistant("so"), user("next")]
+    engine = Engine(tmp_path / "store")
+    first = engine.render("s", messages, budget=budget, explain=True, **settings)
+    assert {d.call_id: d.status for d in first.decisions}["a"] == "omitted"
+    monkeypatch.setattr(SessionIndex, "_observe", lambda self, call_id, text: [])
+    messages += [assistant("A_VALUE_1111 it is", call("g", "look", {})), tool("g", "small")]
+    later = engine.render("s", messages, budget=budget, explain=True, **settings)
+    assert_sound(later, budget)
+    assert later.mode == "append", later.mode_reason
