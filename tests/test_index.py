@@ -165,3 +165,18 @@ def test_two_engines_on_copies_of_one_store_keep_apart(tmp_path, empty_cache):
     assert a.render("s", budget=500).messages[-1]["content"] == "Order ORDER_0001 has shipped."
     assert b.render("s", budget=500).messages[-1]["content"] == "Which order do you mean?"
     assert b.get_session("s", include_messages=True)["messages"][-1]["content"] == "Which order do you mean?"
+
+
+def test_each_assistant_event_keeps_the_results_its_operations_were_attributed_to():
+    """TFA's attribution per event (`reuse_sources`: the Reuses edges' targets), the one place the
+    stable policy's `reused_since` reads it from (engine/stability.jac)."""
+    index, matches = build([
+        assistant(None, call("c1", "a", {})),
+        tool("c1", "token AB-99887 issued"),
+        assistant(None, call("c2", "b", {"t": "AB-99887"})),
+        tool("c2", "echo AB-99887 and ORDER_5678"),
+        assistant("ORDER_5678 and AB-99887", call("c3", "c", {"t": "ORDER_5678"})),
+        assistant("nothing reused here"),
+    ])
+    assert index.reuse_sources == {2: [0], 4: [0, 1]}
+    assert index.reuse_sources[4] == sorted({m.result for m in matches[4]})
