@@ -212,6 +212,29 @@ def test_hysteresis_keeps_what_the_previous_render_showed(tmp_path):
     assert sticky == [{"a": "omitted", "b": "kept", "c": "kept"}, {"a": "omitted", "b": "kept", "c": "kept", "d": "omitted"}]
 
 
+def test_hysteresis_never_displaces_the_newest_steps_result(tmp_path):
+    """Three equal results, two slots: the first render shows the newer two (b, c). Then the model
+    asks for a fourth (e) of the same size: the append would exceed B, so it re-renders. With
+    stickiness, b and c are favoured, yet the result just asked for is taken first (it fits), and
+    the hysteresis keeps one of them in the slot left."""
+    budget = 740
+    settings = dict(w_relevance=0.0, similarity_penalty=0.0, headroom=0.0, cache_value=0.0, prose_share=1.0)
+    engine = Engine(tmp_path / "sticky")
+    messages = [user("compare")]
+    for name in ("a", "b", "c"):
+        messages += [assistant(None, call(name, "read", {})), tool(name, f"{name.upper()}_VALUE_1111 " + filler(name, 140))]
+    first = engine.render("s", messages, budget=budget, stickiness=1.0, explain=True, **settings)
+    assert {d.call_id: d.status for d in first.decisions} == {"a": "omitted", "b": "kept", "c": "kept"}
+    messages += [assistant(None, call("e", "read", {})), tool("e", "E_VALUE_1111 " + filler("e", 140))]
+    later = engine.render("s", messages, budget=budget, stickiness=1.0, explain=True, **settings)
+    assert_sound(later, budget)
+    assert later.mode == "re-render"
+    status = {d.call_id: d.status for d in later.decisions}
+    assert status["e"] == "kept" and status["a"] == "omitted"
+    assert sorted([status["b"], status["c"]]) == ["kept", "omitted"]
+    assert not str(later.messages[-1]["content"]).startswith("[ContextRender")
+
+
 def test_partial_re_render_keeps_a_prefix_of_the_previous_request(engine):
     budget = 1200
     messages = session(30)
