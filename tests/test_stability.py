@@ -215,8 +215,8 @@ def test_hysteresis_keeps_what_the_previous_render_showed(tmp_path):
 def test_hysteresis_never_displaces_the_newest_steps_result(tmp_path):
     """Three equal results, two slots: the first render shows the newer two (b, c). Then the model
     asks for a fourth (e) of the same size: the append would exceed B, so it re-renders. With
-    stickiness, b and c are favoured, yet the result just asked for is taken first (it fits), and
-    the hysteresis keeps one of them in the slot left."""
+    stickiness, b and c are favoured, yet the result just asked for is kept in view first (from
+    B's room beyond the cap, here none), and the hysteresis keeps one of them in the slot left."""
     budget = 740
     settings = dict(w_relevance=0.0, similarity_penalty=0.0, headroom=0.0, cache_value=0.0, prose_share=1.0)
     engine = Engine(tmp_path / "sticky")
@@ -231,6 +231,7 @@ def test_hysteresis_never_displaces_the_newest_steps_result(tmp_path):
     assert later.mode == "re-render"
     status = {d.call_id: d.status for d in later.decisions}
     assert status["e"] == "kept" and status["a"] == "omitted"
+    assert "kept in view before the selection" in next(d.reason for d in later.decisions if d.call_id == "e")
     assert sorted([status["b"], status["c"]]) == ["kept", "omitted"]
     assert not str(later.messages[-1]["content"]).startswith("[ContextRender")
 
