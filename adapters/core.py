@@ -23,7 +23,7 @@ _FROM: dict[str, tuple[str, ...]] = {
     "walkers.ingest": ("IngestSummary",),
     "walkers.restore": ("Restoration",),
     "engine.config": ("RenderConfig", "MIN_BUDGET", "check_budget"),
-    "engine.plan": ("RenderResult", "ResultDecision"),
+    "engine.render_values": ("RenderResult", "ResultDecision"),
     # The selector registry (each selector says what it embeds: `embeds_results`, `embeds_query()`)
     # and the settings check against it.
     "engine.registry": ("SELECTORS", "render_settings"),

@@ -73,7 +73,8 @@ def test_the_registry_is_the_files_of_engine_selectors():
 # A selector written outside the package, as a user (or a new file in engine/selectors/) would.
 THROWAWAY = '''"""The oldest complete results that fit (a selector the registry finds by its module)."""
 
-import from engine.plan { RenderPlan, Choice }
+import from engine.plan { RenderPlan }
+import from engine.render_values { Choice }
 import from engine.selector { Selector, newest_first, by_age }
 
 obj OldestFirst(Selector) {
