@@ -68,6 +68,31 @@ def test_three_contacts_sharing_a_value_in_one_result_add_one_to_n():
     assert index.reuse_scores()[0] == pytest.approx(0.5)  # n = 2 results, not 4 occurrences
 
 
+def test_a_reuse_weight_does_not_depend_on_the_order_values_come_in(monkeypatch):
+    # Values held by 1, 1 and 3 results, all first held by result 0: 1 + 1 + 1/3 summed in
+    # another order differs in the last digit (2.3333333333333335 against 2.333333333333333).
+    # extract_values gives a set, whose order changes with the process's hash seed; the value
+    # counts' order (which c_t sums in) must not follow it either.
+    import engine.index as index_module
+
+    real = index_module.extract_values
+    weights = []
+    for order in (["AAA_111", "BBB_222", "CCC_333"], ["CCC_333", "AAA_111", "BBB_222"]):
+        monkeypatch.setattr(index_module, "extract_values", lambda text, order=order: [v for v in order if v in text] if "reply" in text else real(text))
+        index, matches = build([
+            assistant(None, call("c1", "a", {})),
+            tool("c1", "AAA_111 BBB_222 CCC_333"),
+            assistant(None, call("c2", "b", {})),
+            tool("c2", "CCC_333"),
+            assistant(None, call("c3", "c", {})),
+            tool("c3", "CCC_333"),
+            assistant("reply AAA_111 BBB_222 CCC_333"),
+        ])
+        weights.append((matches[6][0].weight, list(index.value_uses)))
+    assert weights[0] == weights[1]
+    assert weights[0][0] == pytest.approx(7 / 3)
+
+
 def test_values_seen_before_any_result_attribute_to_first_result_holding_them():
     index, matches = build([
         user("my id is USER_4242"),
