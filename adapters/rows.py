@@ -38,7 +38,7 @@ from jaclang.runtimelib.exceptions import WriteConflict  # noqa: E402
 from jaclang.runtimelib.serializer import Serializer  # noqa: E402
 from jaclang.runtimelib.typecache import get_field_types  # noqa: E402
 
-__all__ = ["INSERT_ROW", "anchor_row", "merge_stored_text"]
+__all__ = ["INSERT_ROW", "anchor_row", "field_names", "merge_stored_text"]
 
 # jaclang's insert of a whole row (SqliteMemory._merge_write, its branch for a row not stored yet).
 INSERT_ROW = """
@@ -90,6 +90,17 @@ def _attr_names(arch: Any, known: frozenset) -> tuple[str, ...]:
         mine = {name for name in own if not name.startswith("_")}
         names = _names[key] = tuple(sorted(known | mine))
     return names
+
+
+def field_names(arch: Any) -> tuple[str, ...] | None:
+    """The names of `arch`'s fields jaclang's serialiser writes, in its order (the public names
+    `dir()` gives that are not methods, whose value is not callable); None when its class is left
+    to jaclang's serialiser (schema rules, a property or another descriptor, a custom `dir()`).
+    adapters/lent.py compares an anchor field by field by these names."""
+    known = _class_names(type(arch))
+    if known is None:
+        return None
+    return tuple([name for name in _attr_names(arch, known) if not callable(getattr(arch, name))])
 
 
 def _value(val: Any) -> Any:
