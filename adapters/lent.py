@@ -34,7 +34,7 @@ from jaclang.runtimelib.typecache import get_field_types  # noqa: E402
 
 from contextrender.rows import field_names  # noqa: E402
 
-__all__ = ["UNKNOWN_HASH", "Lent", "lent", "rebaseline"]
+__all__ = ["UNKNOWN_HASH", "Lent", "lent", "rebaseline", "remember_edges"]
 
 # The hash of an anchor whose baseline was not taken: never a value of Python's `hash` (which
 # gives -2 for -1), and not 0 (jaclang's "new"), so that any pass of jaclang over it finds it changed.
@@ -179,5 +179,11 @@ def rebaseline(anchor: Anchor) -> None:
         object.__setattr__(arch, "__jac_field_hashes__", {name: hash(text) for (name, text) in texts.items()})
     else:
         snapshot_field_hashes(anchor)
+    remember_edges(anchor)
+
+
+def remember_edges(anchor: Anchor) -> None:
+    """A node's edge ids as it has them now, as a load sets them: the baseline of jaclang's
+    `NodeAnchor.edge_delta` (and of `Lent.settle`'s)."""
     if isinstance(anchor, NodeAnchor):
         anchor.__dict__["_initial_edge_ids"] = frozenset(e.id for e in anchor.edges)

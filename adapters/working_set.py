@@ -25,7 +25,7 @@ from jaclang.jac0core.archetype import Anchor, EdgeAnchor, NodeAnchor, Root  # n
 from jaclang.runtimelib import memory as jac_memory  # noqa: E402
 from jaclang.runtimelib.changeset import ApplyReport, ChangeSet  # noqa: E402
 
-from contextrender.lent import UNKNOWN_HASH, Lent, lent, rebaseline  # noqa: E402
+from contextrender.lent import UNKNOWN_HASH, Lent, lent, rebaseline, remember_edges  # noqa: E402
 from contextrender.store import file_key, in_blocks  # noqa: E402
 
 __all__ = ["KeptAnchors", "NewAnchorsUnhashed", "OneCommitMemory", "RebaselinedInSlices", "jaclang_checks_access", "server_memory_class"]
@@ -206,8 +206,7 @@ class Kept:
             if not baselined:
                 # Its baseline is taken only if the commit finds it changed (Lent.baseline).
                 anchor.hash = UNKNOWN_HASH
-                if isinstance(anchor, NodeAnchor):
-                    anchor.__dict__["_initial_edge_ids"] = frozenset(e.id for e in anchor.edges)
+                remember_edges(anchor)
         working[id] = anchor
         return anchor
 
