@@ -238,8 +238,8 @@ class Kept:
 
     def keep(self, working: dict[UUID, Anchor], written: set[UUID]) -> None:
         """Keep the anchors a committed call left in `working`, as stored: the ones it only loaded
-        as they are, the ones it wrote or made (a node made, or whose edge set changed, with the
-        edge order of its stored row: the store merges an edge list in its own order) with no
+        as they are, the ones it wrote or made (a stored node whose edge set changed with the edge
+        order of its stored row: the store merges an edge delta in its own order) with no
         baseline (set when next lent, if the commit needs it: adapters/lent.py); one it made that
         was not stored (an edgeless node) is not kept. (The store sets the version of a node whose
         edges it merged.)"""
@@ -254,10 +254,11 @@ class Kept:
         if len(changed) > MAX_KEPT:
             candidates = [a for a in candidates if not (a.id in written or a.hash == 0)]
             changed = []
-        # Written, so stored; the stored edge order is read only for a node made or whose edge set
-        # changed (the store merges an edge delta in its own order): another keeps its order.
-        ordered = {a.id for a in changed if isinstance(a, NodeAnchor) and (
-            a.hash == 0 or a.__dict__.get("_initial_edge_ids") != frozenset(e.id for e in a.edges))}
+        # Written, so stored; the stored edge order is read only for a stored node whose edge set
+        # changed (the store merges an edge delta in its own order): a node made in the call (no
+        # edge baseline: never loaded) was written whole, in its own order, as another keeps its order.
+        ordered = {a.id for a in changed if isinstance(a, NodeAnchor) and (initial := a.__dict__.get("_initial_edge_ids")) is not None
+                   and initial != frozenset(e.id for e in a.edges)}
         stored = self._stored(list(ordered)) if ordered else {}
         for anchor in candidates:
             if anchor.id in unhashed:
