@@ -45,15 +45,17 @@ from contextrender.settings import positive_number
 
 import_jaclang()  # before any jaclang import of this module: without the server's plugins
 
-from jaclang.jac0core.archetype import Root  # noqa: E402
+from jaclang.jac0core.archetype import EdgeAnchor, NodeAnchor, Root  # noqa: E402
 from jaclang.jac0core.runtime import hookimpl, plugin_manager  # noqa: E402
 from jaclang.runtimelib import memory as jac_memory  # noqa: E402
-from jaclang.runtimelib.changeset import ChangeSet, WriteIntent  # noqa: E402
+from jaclang.runtimelib.changeset import ChangeSet, WriteIntent, WriteOp  # noqa: E402
+from jaclang.runtimelib.exceptions import WriteConflict  # noqa: E402
+from jaclang.runtimelib.serializer import Serializer  # noqa: E402
 
-from contextrender.rows import INSERT_ROW as _INSERT, anchor_row, merge_stored_text  # noqa: E402
+from contextrender.rows import INSERT_ROW as _INSERT, anchor_row, merge_edge_ids, merge_stored_text  # noqa: E402
 
 
-__all__ = ["SharedSqliteStore", "StorePlugin", "busy_timeout", "file_key", "in_blocks", "install", "release"]
+__all__ = ["SharedSqliteStore", "StorePlugin", "busy_timeout", "file_key", "in_blocks", "install", "links_by_id", "release"]
 
 DEFAULT_BUSY_TIMEOUT = 120.0
 # jaclang's insert of a new row, only where no row with its id is stored (a create's first branch).
@@ -138,8 +140,19 @@ def _schema_is_current(conn: sqlite3.Connection) -> bool:
     return row is not None and row[0] == str(jac_memory.SQLITE_DB_FORMAT_VERSION)
 
 
+def links_by_id(intent: WriteIntent) -> bool:
+    """Whether `intent` adds edges to a stored node by its id alone (`SharedSqliteStore.merges_edge_ids`):
+    an edge-list delta on an unloaded node (a stub that holds only its id)."""
+    anchor = intent.anchor
+    return intent.op == WriteOp.EDGE_LIST_DELTA and isinstance(anchor, NodeAnchor) and not anchor.is_populated()
+
+
 class SharedSqliteStore(jac_memory.SqliteMemory):
     """jaclang's SQLite store for a file several calls (threads, requests, processes) share."""
+
+    # It merges edges added to a stored node by the node's id alone (`links_by_id`), the node not
+    # loaded: walkers/impl/ingest.impl.jac links new `Reuses` edges to earlier results that way.
+    merges_edge_ids = True
 
     def _ensure_connection(self) -> None:
         if self.__conn__ is not None:
@@ -291,7 +304,49 @@ class SharedSqliteStore(jac_memory.SqliteMemory):
             (self._probed_for, self._probed) = (prepared, found)
         return self._probed
 
+    def stored_roots(self, ids: list[UUID]) -> dict[UUID, str | None]:
+        """The root (its id's text) each of `ids` that has a row is stored under, from the
+        committed rows (none when this SQLite cannot read JSON)."""
+        with self.__lock__:
+            if self.__conn__ is None and os.path.exists(self.path):
+                self._ensure_connection()
+            if self.__conn__ is None:
+                return {}
+            try:
+                found = in_blocks(self.__conn__, "SELECT id, json_extract(data, '$.root') FROM anchors WHERE id IN (?ids)",
+                                  [str(id) for id in ids])
+            except sqlite3.OperationalError:
+                return {}  # no JSON functions in this SQLite: none known
+        return {UUID(key): root for (key, root) in found}
+
+    def _merge_edge_ids(self, conn: sqlite3.Connection, intent: WriteIntent) -> None:
+        """Add the edges of a `links_by_id` intent to the stored node's row: on its text when the row
+        is in the current format (adapters/rows.py `merge_edge_ids`), else as jaclang merges the
+        node loaded from the row with the edges appended (what the call would have done loading
+        it). A node deleted since is a lost race: the call runs again."""
+        key = str(intent.anchor.id)
+        stored = conn.execute(
+            "SELECT type, arch_module, arch_type, fingerprint, data, format_version FROM anchors WHERE id = ?", (key,)
+        ).fetchone()
+        if stored is None:
+            raise WriteConflict(anchor_id=intent.anchor.id, expected_version=0, actual_version=-1)
+        if merge_edge_ids(conn, key, stored, intent.edges_added):
+            return
+        loaded = Serializer.deserialize(json.loads(stored[4]))
+        if not isinstance(loaded, NodeAnchor) or not loaded.is_populated():
+            raise ValueError(f"stored node {key} cannot be read to add its edges")
+        for id in intent.edges_added:
+            link = object.__new__(EdgeAnchor)
+            link.id = id
+            loaded.edges.append(link)
+        merged = WriteIntent(op=WriteOp.EDGE_LIST_DELTA, anchor=loaded)
+        merged.edges_added = list(intent.edges_added)
+        self._merge_write(conn, merged)
+
     def _merge_write(self, conn: sqlite3.Connection, intent: WriteIntent) -> None:
+        if links_by_id(intent):
+            self._merge_edge_ids(conn, intent)
+            return
         if intent.anchor.id in getattr(self, "_written_ahead", ()):
             return  # this flush's own row, inserted ahead (`_write_ahead`)
         key = str(intent.anchor.id)
