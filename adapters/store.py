@@ -20,6 +20,7 @@ in-process Engine, adapters/local.py, both answer it with `SharedSqliteStore`):
   render log), byte for byte jaclang's rows (tests/test_rows.py, tests/test_store.py).
 - **No full collection in a flush**: Python's cyclic collector makes none while a flush serialises
   and writes its rows (its full passes scan every object of the process to free almost nothing).
+- **Edges added to a stored node by its id**, the node never loaded (adapters/by_id.py).
 - **Connections reused**: a closed context's idle connection is kept, a few per file, for the
   next context on the same file while the file is the one it opened; `release` closes them.
 - **No write to open the store**: the schema is created (or a legacy store migrated) only when not
@@ -45,17 +46,16 @@ from contextrender.settings import positive_number
 
 import_jaclang()  # before any jaclang import of this module: without the server's plugins
 
-from jaclang.jac0core.archetype import EdgeAnchor, NodeAnchor, Root  # noqa: E402
+from jaclang.jac0core.archetype import Root  # noqa: E402
 from jaclang.jac0core.runtime import hookimpl, plugin_manager  # noqa: E402
 from jaclang.runtimelib import memory as jac_memory  # noqa: E402
-from jaclang.runtimelib.changeset import ChangeSet, WriteIntent, WriteOp  # noqa: E402
-from jaclang.runtimelib.exceptions import WriteConflict  # noqa: E402
-from jaclang.runtimelib.serializer import Serializer  # noqa: E402
+from jaclang.runtimelib.changeset import ChangeSet, WriteIntent  # noqa: E402
 
-from contextrender.rows import INSERT_ROW as _INSERT, anchor_row, merge_edge_ids, merge_stored_text  # noqa: E402
+from contextrender.by_id import links_by_id, merge_by_id  # noqa: E402
+from contextrender.rows import INSERT_ROW as _INSERT, anchor_row, merge_stored_text  # noqa: E402
 
 
-__all__ = ["SharedSqliteStore", "StorePlugin", "busy_timeout", "file_key", "in_blocks", "install", "links_by_id", "release"]
+__all__ = ["SharedSqliteStore", "StorePlugin", "busy_timeout", "file_key", "in_blocks", "install", "release"]
 
 DEFAULT_BUSY_TIMEOUT = 120.0
 # jaclang's insert of a new row, only where no row with its id is stored (a create's first branch).
@@ -140,18 +140,11 @@ def _schema_is_current(conn: sqlite3.Connection) -> bool:
     return row is not None and row[0] == str(jac_memory.SQLITE_DB_FORMAT_VERSION)
 
 
-def links_by_id(intent: WriteIntent) -> bool:
-    """Whether `intent` adds edges to a stored node by its id alone (`SharedSqliteStore.merges_edge_ids`):
-    an edge-list delta on an unloaded node (a stub that holds only its id)."""
-    anchor = intent.anchor
-    return intent.op == WriteOp.EDGE_LIST_DELTA and isinstance(anchor, NodeAnchor) and not anchor.is_populated()
-
-
 class SharedSqliteStore(jac_memory.SqliteMemory):
     """jaclang's SQLite store for a file several calls (threads, requests, processes) share."""
 
-    # It merges edges added to a stored node by the node's id alone (`links_by_id`), the node not
-    # loaded: walkers/impl/ingest.impl.jac links new `Reuses` edges to earlier results that way.
+    # It merges edges added to a stored node by the node's id alone, the node not loaded
+    # (adapters/by_id.py): ingestion links new `Reuses` edges to earlier results that way.
     merges_edge_ids = True
 
     def _ensure_connection(self) -> None:
@@ -320,28 +313,8 @@ class SharedSqliteStore(jac_memory.SqliteMemory):
         return {UUID(key): root for (key, root) in found}
 
     def _merge_edge_ids(self, conn: sqlite3.Connection, intent: WriteIntent) -> None:
-        """Add the edges of a `links_by_id` intent to the stored node's row: on its text when the row
-        is in the current format (adapters/rows.py `merge_edge_ids`), else as jaclang merges the
-        node loaded from the row with the edges appended (what the call would have done loading
-        it). A node deleted since is a lost race: the call runs again."""
-        key = str(intent.anchor.id)
-        stored = conn.execute(
-            "SELECT type, arch_module, arch_type, fingerprint, data, format_version FROM anchors WHERE id = ?", (key,)
-        ).fetchone()
-        if stored is None:
-            raise WriteConflict(anchor_id=intent.anchor.id, expected_version=0, actual_version=-1)
-        if merge_edge_ids(conn, key, stored, intent.edges_added):
-            return
-        loaded = Serializer.deserialize(json.loads(stored[4]))
-        if not isinstance(loaded, NodeAnchor) or not loaded.is_populated():
-            raise ValueError(f"stored node {key} cannot be read to add its edges")
-        for id in intent.edges_added:
-            link = object.__new__(EdgeAnchor)
-            link.id = id
-            loaded.edges.append(link)
-        merged = WriteIntent(op=WriteOp.EDGE_LIST_DELTA, anchor=loaded)
-        merged.edges_added = list(intent.edges_added)
-        self._merge_write(conn, merged)
+        """Add the edges of an intent that links a stored node by id (adapters/by_id.py)."""
+        merge_by_id(self, conn, intent)
 
     def _merge_write(self, conn: sqlite3.Connection, intent: WriteIntent) -> None:
         if links_by_id(intent):

@@ -26,7 +26,8 @@ from jaclang.runtimelib import memory as jac_memory  # noqa: E402
 from jaclang.runtimelib.changeset import ApplyReport, ChangeSet  # noqa: E402
 
 from contextrender.lent import UNKNOWN_HASH, Lent, lent, rebaseline, remember_edges  # noqa: E402
-from contextrender.store import file_key, in_blocks, links_by_id  # noqa: E402
+from contextrender.by_id import LinkedById  # noqa: E402
+from contextrender.store import file_key, in_blocks  # noqa: E402
 
 __all__ = ["KeptAnchors", "NewAnchorsUnhashed", "OneCommitMemory", "RebaselinedInSlices", "jaclang_checks_access", "server_memory_class"]
 
@@ -37,7 +38,7 @@ REBASELINE_SLICE = 500
 MAX_KEPT = 2048
 
 
-class NewAnchorsUnhashed:
+class NewAnchorsUnhashed(LinkedById):
     """A working set's commit pass without hashing its new anchors. jaclang's commit
     (`TieredMemory._collect_into`) hashes every anchor of the working set to find what changed,
     the new ones too, whose hash it then ignores (a new anchor is written whole). Here new anchors
@@ -45,42 +46,12 @@ class NewAnchorsUnhashed:
     ingestion), giving way to other calls between them on the server (engine/courtesy.jac: this
     pass runs before the write transaction), and without jaclang's write check of each when
     jaclang's own hooks answer it (it grants every new anchor); the anchors loaded from the store
-    go through jaclang's own pass. Mixed into jaclang's working set (OneCommitMemory, the Engine's) and
+    go through jaclang's own pass. Edges may be added to stored nodes by id (adapters/by_id.py). Mixed into jaclang's working set (OneCommitMemory, the Engine's) and
     jac-scale's (`server_memory_class`, the server's)."""
-
-    # Edges may be added to a stored node by its id alone, the node not loaded (a stub in an
-    # edge-list intent: adapters/store.py `links_by_id`, made by walkers/impl/ingest.impl.jac), when
-    # its store merges them (`merges_edge_ids`) and no cache tier holds nodes (l2).
-    links_by_id = True
 
     def _settled(self, changes: ChangeSet) -> set[UUID]:
         """The anchors whose changes this working set recorded itself, left out of jaclang's pass."""
         return set()
-
-    def _loaded_since(self, changes: ChangeSet) -> None:
-        """A node given edges by id that the call loaded afterwards gets them as a link would have
-        given them (appended to its edges, in their order; the edges' target is the node), and
-        its intent is left to the pass over the loaded node."""
-        for (id, intent) in list(changes.intents.items()):
-            node = self.__mem__.get(id)
-            if node is not None and node.is_populated() and links_by_id(intent):
-                for edge_id in intent.edges_added:
-                    link = self.__mem__[edge_id]
-                    link.target = node
-                    node.edges.append(link)
-                del changes.intents[id]
-
-    def _post_apply(self, apply_report: ApplyReport) -> None:
-        """jaclang's re-baselining after a flush, but of a node given edges by id (not loaded, not
-        in the working set: nothing to re-baseline, and touching its stub would load it)."""
-        intents = self.changes.intents
-        by_id = {id for (id, intent) in intents.items() if links_by_id(intent)}
-        if by_id:
-            self.changes.intents = {id: intent for (id, intent) in intents.items() if id not in by_id}
-        try:
-            super()._post_apply(apply_report)
-        finally:
-            self.changes.intents = intents
 
     def _collect_into(self, changes: ChangeSet) -> None:
         from jaclang import JacRuntimeInterface as Jac

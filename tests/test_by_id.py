@@ -1,4 +1,4 @@
-"""Edges added to a stored node by its id alone (adapters/store.py `links_by_id`, made by ingestion
+"""Edges added to a stored node by its id alone (adapters/by_id.py, made by ingestion
 for a `Reuses` edge to a result an earlier call stored): the node is never loaded, and its row is
 the one jaclang's merge writes for the node a call would have loaded and linked, byte for byte;
 a row in an earlier format is merged as jaclang merges the node loaded from it."""
@@ -10,7 +10,7 @@ import sqlite3
 
 from conftest import trace_prefix
 
-from contextrender import Engine, store
+from contextrender import Engine, by_id, store
 
 from jaclang.jac0core.archetype import EdgeAnchor  # noqa: E402
 from jaclang.runtimelib.changeset import WriteIntent, WriteOp  # noqa: E402
@@ -78,8 +78,8 @@ def test_a_result_stored_in_an_earlier_format_is_merged_as_jaclang_merges_it(tmp
         earlier.setattr(ToolResult, "__jac_fingerprint__", "written-by-an-earlier-version")
         engine.ingest("s0", messages[:-8])
     on_text: list[tuple] = []
-    merge = store.merge_edge_ids
-    monkeypatch.setattr(store, "merge_edge_ids", lambda conn, key, *args: on_text.append((key, merge(conn, key, *args))) or on_text[-1][1])
+    merge = by_id.merge_edge_ids
+    monkeypatch.setattr(by_id, "merge_edge_ids", lambda conn, key, *args: on_text.append((key, merge(conn, key, *args))) or on_text[-1][1])
     checked = _by_id_compared_with_jaclang(engine, monkeypatch, [messages])
     assert "ToolResult" in checked and any(not done for (_, done) in on_text)
     with sqlite3.connect(str(next((tmp_path / "store").rglob("*.db")))) as conn:
