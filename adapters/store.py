@@ -317,9 +317,6 @@ class SharedSqliteStore(jac_memory.SqliteMemory):
         merge_by_id(self, conn, intent)
 
     def _merge_write(self, conn: sqlite3.Connection, intent: WriteIntent) -> None:
-        if links_by_id(intent):
-            self._merge_edge_ids(conn, intent)
-            return
         if intent.anchor.id in getattr(self, "_written_ahead", ()):
             return  # this flush's own row, inserted ahead (`_write_ahead`)
         key = str(intent.anchor.id)
@@ -327,6 +324,9 @@ class SharedSqliteStore(jac_memory.SqliteMemory):
         if row is not None and key not in self._stored_among_prepared(conn):
             # A created anchor with no stored row: inserted, as below, without its own read.
             conn.execute(_INSERT, (key,) + row)
+            return
+        if links_by_id(intent):  # (never created: not among the rows above)
+            self._merge_edge_ids(conn, intent)
             return
         stored = conn.execute(
             "SELECT type, arch_module, arch_type, fingerprint, data, format_version FROM anchors WHERE id = ?", (key,)
