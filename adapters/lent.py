@@ -32,29 +32,20 @@ from jaclang.runtimelib.changeset import ChangeSet, snapshot_field_hashes  # noq
 from jaclang.runtimelib.serializer import Serializer  # noqa: E402
 from jaclang.runtimelib.typecache import get_field_types  # noqa: E402
 
-__all__ = ["UNKNOWN_HASH", "Lent", "lent", "rebaseline"]
+from contextrender.rows import field_names  # noqa: E402
+
+__all__ = ["UNKNOWN_HASH", "Lent", "lent", "rebaseline", "remember_edges"]
 
 # The hash of an anchor whose baseline was not taken: never a value of Python's `hash` (which
 # gives -2 for -1), and not 0 (jaclang's "new"), so that any pass of jaclang over it finds it changed.
 UNKNOWN_HASH = -1
 # Values compared by object, then by value: a str, int, bool or None serialises as its value.
 _PLAIN = (str, int, bool, type(None))
-# The serialised attribute names of an archetype (jaclang's `_serialize_attrs`), by its type and
-# the names in its __dict__.
-_NAMES: dict[tuple, tuple[str, ...]] = {}
 
 
 class _Text(str):
     """The JSON text of a field's value that is not plain (a dict, a list...), as jaclang's field
     hash serialises it."""
-
-
-def _names(arch: Any) -> tuple[str, ...]:
-    key = (type(arch), tuple(arch.__dict__))
-    names = _NAMES.get(key)
-    if names is None:
-        names = _NAMES[key] = tuple(a for a in dir(arch) if not a.startswith("_") and not callable(getattr(arch, a, None)))
-    return names
 
 
 # The texts of an empty dict and an empty list (or tuple), the most common values that are not plain.
@@ -115,7 +106,7 @@ class Lent:
         anchor = self.anchor
         arch = anchor.archetype
         edges = tuple([e.id for e in anchor.edges]) if isinstance(anchor, NodeAnchor) else ()
-        if _names(arch) != self.names or _frame(anchor) != self.frame or (edges != self.edges and set(edges) == set(self.edges)):
+        if field_names(arch) != self.names or _frame(anchor) != self.frame or (edges != self.edges and set(edges) == set(self.edges)):
             self.baseline()
             return False
         dirty = {name for (name, then) in zip(self.names, self.values) if not _same(getattr(arch, name, None), then)}
@@ -151,12 +142,13 @@ class Lent:
 
 
 def lent(anchor: Anchor, baselined: bool) -> Lent | None:
-    """`anchor` as it is now; None when it cannot be told apart field by field (a field holds an
-    archetype or another object, or the archetype carries jaclang's attic of dropped fields)."""
+    """`anchor` as it is now; None when it cannot be told apart field by field (its class is left
+    to jaclang's serialiser, a field holds an archetype or another object, or the archetype
+    carries jaclang's attic of dropped fields)."""
     arch = anchor.archetype
-    if arch.__dict__.get("__jac_attic__"):
+    names = field_names(arch)
+    if names is None or arch.__dict__.get("__jac_attic__"):
         return None
-    names = _names(arch)
     values: list = []
     for name in names:
         value = getattr(arch, name, None)
@@ -187,5 +179,11 @@ def rebaseline(anchor: Anchor) -> None:
         object.__setattr__(arch, "__jac_field_hashes__", {name: hash(text) for (name, text) in texts.items()})
     else:
         snapshot_field_hashes(anchor)
+    remember_edges(anchor)
+
+
+def remember_edges(anchor: Anchor) -> None:
+    """A node's edge ids as it has them now, as a load sets them: the baseline of jaclang's
+    `NodeAnchor.edge_delta` (and of `Lent.settle`'s)."""
     if isinstance(anchor, NodeAnchor):
         anchor.__dict__["_initial_edge_ids"] = frozenset(e.id for e in anchor.edges)

@@ -38,7 +38,7 @@ from jaclang.runtimelib.exceptions import WriteConflict  # noqa: E402
 from jaclang.runtimelib.serializer import Serializer  # noqa: E402
 from jaclang.runtimelib.typecache import get_field_types  # noqa: E402
 
-__all__ = ["INSERT_ROW", "anchor_row", "merge_stored_text"]
+__all__ = ["INSERT_ROW", "anchor_row", "field_names", "merge_edge_ids", "merge_stored_text"]
 
 # jaclang's insert of a whole row (SqliteMemory._merge_write, its branch for a row not stored yet).
 INSERT_ROW = """
@@ -90,6 +90,17 @@ def _attr_names(arch: Any, known: frozenset) -> tuple[str, ...]:
         mine = {name for name in own if not name.startswith("_")}
         names = _names[key] = tuple(sorted(known | mine))
     return names
+
+
+def field_names(arch: Any) -> tuple[str, ...] | None:
+    """The names of `arch`'s fields jaclang's serialiser writes, in its order (the public names
+    `dir()` gives that are not methods, whose value is not callable); None when its class is left
+    to jaclang's serialiser (schema rules, a property or another descriptor, a custom `dir()`).
+    adapters/lent.py compares an anchor field by field by these names."""
+    known = _class_names(type(arch))
+    if known is None:
+        return None
+    return tuple([name for name in _attr_names(arch, known) if not callable(getattr(arch, name))])
 
 
 def _value(val: Any) -> Any:
@@ -144,6 +155,54 @@ def anchor_row(anchor: Any) -> tuple:
             json.dumps(data), jac_memory.SQLITE_DB_FORMAT_VERSION, datetime.now(timezone.utc).isoformat())
 
 
+def _current_node(stored: tuple, cls: type | None) -> dict | None:
+    """The stored node row's JSON when it is stored in the current format of `cls` (its class now:
+    the same module and name, fingerprint and fields, so the stored row is what jaclang would write
+    for it), else None."""
+    (_, arch_module, arch_type, fingerprint, text, format_version) = stored
+    if cls is None or (arch_module, arch_type) != (cls.__module__, cls.__name__) or format_version != jac_memory.SQLITE_DB_FORMAT_VERSION \
+            or not fingerprint or fingerprint != getattr(cls, "__jac_fingerprint__", None) or stored[0] != "NodeAnchor":
+        return None
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return None
+    stored_arch = data.get("archetype") if isinstance(data, dict) else None
+    if not isinstance(stored_arch, dict) or set(stored_arch) - {"__type__", "__module__"} != set(get_field_types(cls)) \
+            or not isinstance(data.get("edges"), list) or not isinstance(data.get("version"), int):
+        return None
+    return data
+
+
+def merge_edge_ids(conn: sqlite3.Connection, key: str, stored: tuple, added_ids: list[UUID]) -> bool:
+    """The row jaclang's merge writes for a stored node that a call gave new edges (`added_ids`, in
+    the order it linked them) without changing anything else, made from the stored row alone: the
+    call never loaded the node. A load would have given it the stored edges, in their order, and
+    the stored ids as the baseline of its edge delta (`NodeAnchor.edge_delta`); the call appended
+    the new edges. The same sets are built here from the same ids in the same order (a set's order
+    follows how it was built), so the merged list is the one jaclang's merge (and
+    `merge_stored_text`) writes, and the version is advanced as it advances it. Only for a row in
+    the current format of its class (`_current_node`); False for any other, which the store
+    merges as jaclang would the node loaded from it."""
+    (arch_module, arch_type) = stored[1:3]
+    cls = Serializer._get_class(arch_module, arch_type) if arch_module and arch_type else None
+    data = _current_node(stored, cls)
+    if data is None or isinstance(cls, type) and issubclass(cls, Root):
+        return False
+    stored_ids = [UUID(e) for e in data["edges"]]
+    # NodeAnchor.edge_delta on the node as loaded, the new edges appended.
+    initial = set(frozenset(e for e in stored_ids))
+    current = set(e for e in stored_ids + list(added_ids))
+    (added, removed) = (set(current - initial), set(initial - current))
+    merged = (set(stored_ids) | added) - removed
+    data["edges"] = [str(e) for e in merged]
+    if added or removed:
+        data["version"] += 1
+    conn.execute(INSERT_ROW, (key, "NodeAnchor", arch_module, arch_type, stored[3], json.dumps(data),
+                              jac_memory.SQLITE_DB_FORMAT_VERSION, datetime.now(timezone.utc).isoformat()))
+    return True
+
+
 def merge_stored_text(conn: sqlite3.Connection, key: str, stored: tuple, intent: WriteIntent) -> bool:
     """jaclang's merge of an edge-list change and dirty fields into the stored row, made on the
     row's JSON instead of on the node deserialised from it and serialised whole again: the
@@ -158,19 +217,12 @@ def merge_stored_text(conn: sqlite3.Connection, key: str, stored: tuple, intent:
     if intent.is_create() or not isinstance(anchor, NodeAnchor) or arch is None or isinstance(arch, Root):
         return False
     cls = type(arch)
-    (_, arch_module, arch_type, fingerprint, text, format_version) = stored
-    if (arch_module, arch_type) != (cls.__module__, cls.__name__) or format_version != jac_memory.SQLITE_DB_FORMAT_VERSION \
-            or not fingerprint or fingerprint != getattr(cls, "__jac_fingerprint__", None):
-        return False
-    try:
-        data = json.loads(text)
-    except ValueError:
+    (arch_module, arch_type, fingerprint) = stored[1:4]
+    data = _current_node(stored, cls)
+    if data is None:
         return False
     fields = get_field_types(cls)
-    stored_arch = data.get("archetype")
-    if not isinstance(stored_arch, dict) or set(stored_arch) - {"__type__", "__module__"} != set(fields) \
-            or not isinstance(data.get("edges"), list) or not isinstance(data.get("version"), int):
-        return False
+    stored_arch = data["archetype"]
     changed = False
     own_ids = [e.id for e in anchor.edges]
     edges = [str(e) for e in own_ids]

@@ -20,6 +20,7 @@ in-process Engine, adapters/local.py, both answer it with `SharedSqliteStore`):
   render log), byte for byte jaclang's rows (tests/test_rows.py, tests/test_store.py).
 - **No full collection in a flush**: Python's cyclic collector makes none while a flush serialises
   and writes its rows (its full passes scan every object of the process to free almost nothing).
+- **Edges added to a stored node by its id**, the node never loaded (adapters/by_id.py).
 - **Connections reused**: a closed context's idle connection is kept, a few per file, for the
   next context on the same file while the file is the one it opened; `release` closes them.
 - **No write to open the store**: the schema is created (or a legacy store migrated) only when not
@@ -50,6 +51,7 @@ from jaclang.jac0core.runtime import hookimpl, plugin_manager  # noqa: E402
 from jaclang.runtimelib import memory as jac_memory  # noqa: E402
 from jaclang.runtimelib.changeset import ChangeSet, WriteIntent  # noqa: E402
 
+from contextrender.by_id import links_by_id, merge_by_id  # noqa: E402
 from contextrender.rows import INSERT_ROW as _INSERT, anchor_row, merge_stored_text  # noqa: E402
 
 
@@ -140,6 +142,10 @@ def _schema_is_current(conn: sqlite3.Connection) -> bool:
 
 class SharedSqliteStore(jac_memory.SqliteMemory):
     """jaclang's SQLite store for a file several calls (threads, requests, processes) share."""
+
+    # It merges edges added to a stored node by the node's id alone, the node not loaded
+    # (adapters/by_id.py): ingestion links new `Reuses` edges to earlier results that way.
+    merges_edge_ids = True
 
     def _ensure_connection(self) -> None:
         if self.__conn__ is not None:
@@ -291,6 +297,25 @@ class SharedSqliteStore(jac_memory.SqliteMemory):
             (self._probed_for, self._probed) = (prepared, found)
         return self._probed
 
+    def stored_roots(self, ids: list[UUID]) -> dict[UUID, str | None]:
+        """The root (its id's text) each of `ids` that has a row is stored under, from the
+        committed rows (none when this SQLite cannot read JSON)."""
+        with self.__lock__:
+            if self.__conn__ is None and os.path.exists(self.path):
+                self._ensure_connection()
+            if self.__conn__ is None:
+                return {}
+            try:
+                found = in_blocks(self.__conn__, "SELECT id, json_extract(data, '$.root') FROM anchors WHERE id IN (?ids)",
+                                  [str(id) for id in ids])
+            except sqlite3.OperationalError:
+                return {}  # no JSON functions in this SQLite: none known
+        return {UUID(key): root for (key, root) in found}
+
+    def _merge_edge_ids(self, conn: sqlite3.Connection, intent: WriteIntent) -> None:
+        """Add the edges of an intent that links a stored node by id (adapters/by_id.py)."""
+        merge_by_id(self, conn, intent)
+
     def _merge_write(self, conn: sqlite3.Connection, intent: WriteIntent) -> None:
         if intent.anchor.id in getattr(self, "_written_ahead", ()):
             return  # this flush's own row, inserted ahead (`_write_ahead`)
@@ -299,6 +324,9 @@ class SharedSqliteStore(jac_memory.SqliteMemory):
         if row is not None and key not in self._stored_among_prepared(conn):
             # A created anchor with no stored row: inserted, as below, without its own read.
             conn.execute(_INSERT, (key,) + row)
+            return
+        if links_by_id(intent):  # (never created: not among the rows above)
+            self._merge_edge_ids(conn, intent)
             return
         stored = conn.execute(
             "SELECT type, arch_module, arch_type, fingerprint, data, format_version FROM anchors WHERE id = ?", (key,)

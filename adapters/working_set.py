@@ -25,7 +25,8 @@ from jaclang.jac0core.archetype import Anchor, EdgeAnchor, NodeAnchor, Root  # n
 from jaclang.runtimelib import memory as jac_memory  # noqa: E402
 from jaclang.runtimelib.changeset import ApplyReport, ChangeSet  # noqa: E402
 
-from contextrender.lent import UNKNOWN_HASH, Lent, lent, rebaseline  # noqa: E402
+from contextrender.lent import UNKNOWN_HASH, Lent, lent, rebaseline, remember_edges  # noqa: E402
+from contextrender.by_id import LinkedById  # noqa: E402
 from contextrender.store import file_key, in_blocks  # noqa: E402
 
 __all__ = ["KeptAnchors", "NewAnchorsUnhashed", "OneCommitMemory", "RebaselinedInSlices", "jaclang_checks_access", "server_memory_class"]
@@ -37,7 +38,7 @@ REBASELINE_SLICE = 500
 MAX_KEPT = 2048
 
 
-class NewAnchorsUnhashed:
+class NewAnchorsUnhashed(LinkedById):
     """A working set's commit pass without hashing its new anchors. jaclang's commit
     (`TieredMemory._collect_into`) hashes every anchor of the working set to find what changed,
     the new ones too, whose hash it then ignores (a new anchor is written whole). Here new anchors
@@ -45,7 +46,7 @@ class NewAnchorsUnhashed:
     ingestion), giving way to other calls between them on the server (engine/courtesy.jac: this
     pass runs before the write transaction), and without jaclang's write check of each when
     jaclang's own hooks answer it (it grants every new anchor); the anchors loaded from the store
-    go through jaclang's own pass. Mixed into jaclang's working set (OneCommitMemory, the Engine's) and
+    go through jaclang's own pass. Edges may be added to stored nodes by id (adapters/by_id.py). Mixed into jaclang's working set (OneCommitMemory, the Engine's) and
     jac-scale's (`server_memory_class`, the server's)."""
 
     def _settled(self, changes: ChangeSet) -> set[UUID]:
@@ -55,6 +56,7 @@ class NewAnchorsUnhashed:
     def _collect_into(self, changes: ChangeSet) -> None:
         from jaclang import JacRuntimeInterface as Jac
 
+        self._loaded_since(changes)
         settled = self._settled(changes)
         working = list(self.__mem__.items())
         fresh = [anchor for (_, anchor) in working
@@ -206,8 +208,7 @@ class Kept:
             if not baselined:
                 # Its baseline is taken only if the commit finds it changed (Lent.baseline).
                 anchor.hash = UNKNOWN_HASH
-                if isinstance(anchor, NodeAnchor):
-                    anchor.__dict__["_initial_edge_ids"] = frozenset(e.id for e in anchor.edges)
+                remember_edges(anchor)
         working[id] = anchor
         return anchor
 
@@ -239,8 +240,8 @@ class Kept:
 
     def keep(self, working: dict[UUID, Anchor], written: set[UUID]) -> None:
         """Keep the anchors a committed call left in `working`, as stored: the ones it only loaded
-        as they are, the ones it wrote or made (a node made, or whose edge set changed, with the
-        edge order of its stored row: the store merges an edge list in its own order) with no
+        as they are, the ones it wrote or made (a stored node whose edge set changed with the edge
+        order of its stored row: the store merges an edge delta in its own order) with no
         baseline (set when next lent, if the commit needs it: adapters/lent.py); one it made that
         was not stored (an edgeless node) is not kept. (The store sets the version of a node whose
         edges it merged.)"""
@@ -255,10 +256,11 @@ class Kept:
         if len(changed) > MAX_KEPT:
             candidates = [a for a in candidates if not (a.id in written or a.hash == 0)]
             changed = []
-        # Written, so stored; the stored edge order is read only for a node made or whose edge set
-        # changed (the store merges an edge delta in its own order): another keeps its order.
-        ordered = {a.id for a in changed if isinstance(a, NodeAnchor) and (
-            a.hash == 0 or a.__dict__.get("_initial_edge_ids") != frozenset(e.id for e in a.edges))}
+        # Written, so stored; the stored edge order is read only for a stored node whose edge set
+        # changed (the store merges an edge delta in its own order): a node made in the call (no
+        # edge baseline: never loaded) was written whole, in its own order, as another keeps its order.
+        ordered = {a.id for a in changed if isinstance(a, NodeAnchor) and (initial := a.__dict__.get("_initial_edge_ids")) is not None
+                   and initial != frozenset(e.id for e in a.edges)}
         stored = self._stored(list(ordered)) if ordered else {}
         for anchor in candidates:
             if anchor.id in unhashed:

@@ -1,0 +1,102 @@
+"""Edges added to a stored node by the node's id alone, the node never loaded: ingestion links a new
+`Reuses` edge to a result an earlier call stored that way (walkers/impl/ingest.links.impl.jac
+`_link_by_id`). Loading the result (deserialised with every edge id, hashed at the commit, kept
+again for the next call) only to add an edge id to its list was most of what a reuse cost in
+rounds. The edge is made as jaclang makes it, its target a stub holding the result's id; the
+result's edge-list change is jaclang's own intent (an `EDGE_LIST_DELTA` on the stub, with the
+edges' ids and its dependencies on their creates), so jaclang's flush orders it, poisons it with a
+failed edge and reports it as any other. Three places take it:
+
+- **the store** (`merge_by_id`, from `SharedSqliteStore._merge_write`): the edges merged into the
+  stored row on its text (adapters/rows.py `merge_edge_ids`, jaclang's merge of the node a load
+  would have given, the new edges appended, byte for byte), or, for a row in an earlier format, by
+  jaclang's merge of the node loaded from the row with them appended;
+- **the working set** (`LinkedById`): a node linked by id that the call loaded afterwards is given
+  its edges as a link would have given them, and a stub is never re-baselined after the flush
+  (touching it would load it);
+- the Engine's kept anchors forget a node merged by id (it is in the flush's applied ids).
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from typing import Any
+
+from contextrender.jaclang_setup import import_jaclang
+
+import_jaclang()  # before any jaclang import of this module: without the server's plugins
+
+from jaclang.jac0core.archetype import EdgeAnchor, NodeAnchor  # noqa: E402
+from jaclang.runtimelib.changeset import ApplyReport, ChangeSet, WriteIntent, WriteOp  # noqa: E402
+from jaclang.runtimelib.exceptions import WriteConflict  # noqa: E402
+from jaclang.runtimelib.serializer import Serializer  # noqa: E402
+
+from contextrender.rows import merge_edge_ids  # noqa: E402
+
+__all__ = ["LinkedById", "links_by_id", "merge_by_id"]
+
+
+def links_by_id(intent: WriteIntent) -> bool:
+    """Whether `intent` adds edges to a stored node by its id alone: an edge-list delta on an
+    unloaded node (a stub that holds only its id)."""
+    anchor = intent.anchor
+    return intent.op == WriteOp.EDGE_LIST_DELTA and isinstance(anchor, NodeAnchor) and not anchor.is_populated()
+
+
+def merge_by_id(store: Any, conn: sqlite3.Connection, intent: WriteIntent) -> None:
+    """Add the edges of a `links_by_id` intent to the stored node's row, in `store`'s (a
+    SharedSqliteStore's) write transaction: on its text when the row is in the current format, else
+    as the store merges the node loaded from the row with the edges appended (what the call would
+    have done loading it). A node deleted since is a lost race: the call runs again."""
+    key = str(intent.anchor.id)
+    stored = conn.execute(
+        "SELECT type, arch_module, arch_type, fingerprint, data, format_version FROM anchors WHERE id = ?", (key,)
+    ).fetchone()
+    if stored is None:
+        raise WriteConflict(anchor_id=intent.anchor.id, expected_version=0, actual_version=-1)
+    if merge_edge_ids(conn, key, stored, intent.edges_added):
+        return
+    loaded = Serializer.deserialize(json.loads(stored[4]))
+    if not isinstance(loaded, NodeAnchor) or not loaded.is_populated():
+        raise ValueError(f"stored node {key} cannot be read to add its edges")
+    for id in intent.edges_added:
+        link = object.__new__(EdgeAnchor)
+        link.id = id
+        loaded.edges.append(link)
+    merged = WriteIntent(op=WriteOp.EDGE_LIST_DELTA, anchor=loaded)
+    merged.edges_added = list(intent.edges_added)
+    store._merge_write(conn, merged)
+
+
+class LinkedById:
+    """A working set in which edges may be added to a stored node by its id (mixed into
+    adapters/working_set.py's): ingestion links that way when the working set says so
+    (`links_by_id`), its store merges them (`merges_edge_ids`) and no cache tier holds nodes."""
+
+    links_by_id = True
+
+    def _loaded_since(self, changes: ChangeSet) -> None:
+        """A node given edges by id that the call loaded afterwards gets them as a link would have
+        given it them (appended to its edges, in their order, the edges' target the node); its
+        intent is left to the commit's pass over the loaded node. Called first at the commit."""
+        for (id, intent) in list(changes.intents.items()):
+            node = self.__mem__.get(id)
+            if node is not None and node.is_populated() and links_by_id(intent):
+                for edge_id in intent.edges_added:
+                    link = self.__mem__[edge_id]
+                    link.target = node
+                    node.edges.append(link)
+                del changes.intents[id]
+
+    def _post_apply(self, apply_report: ApplyReport) -> None:
+        """The re-baselining after a flush, but of a node given edges by id (not loaded, not in
+        the working set: nothing to re-baseline, and touching its stub would load it)."""
+        intents = self.changes.intents
+        by_id = {id for (id, intent) in intents.items() if links_by_id(intent)}
+        if by_id:
+            self.changes.intents = {id: intent for (id, intent) in intents.items() if id not in by_id}
+        try:
+            super()._post_apply(apply_report)
+        finally:
+            self.changes.intents = intents

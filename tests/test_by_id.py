@@ -1,0 +1,160 @@
+"""Edges added to a stored node by its id alone (adapters/by_id.py, made by ingestion
+for a `Reuses` edge to a result an earlier call stored): the node is never loaded, and its row is
+the one jaclang's merge writes for the node a call would have loaded and linked, byte for byte;
+a row in an earlier format is merged as jaclang merges the node loaded from it."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+
+from conftest import trace_prefix
+
+from contextrender import Engine, by_id, store
+
+from jaclang.jac0core.archetype import EdgeAnchor  # noqa: E402
+from jaclang.runtimelib.changeset import WriteIntent, WriteOp  # noqa: E402
+from jaclang.runtimelib.serializer import Serializer  # noqa: E402
+
+
+def _by_id_compared_with_jaclang(engine: Engine, monkeypatch, sessions: list[list[dict]]) -> list[str]:
+    """Ingest each message list in rounds of 3 messages; every merge by id compared with jaclang's
+    own merge (inside a savepoint, rolled back) of the node as a load gives it, the new edges
+    appended in their order; the archetypes merged by id."""
+    merged_by_id = store.SharedSqliteStore._merge_edge_ids
+    loaded = store.SharedSqliteStore.get
+    checked: list[str] = []
+    loads: set = set()
+
+    def compared(self, conn, intent):
+        key = str(intent.anchor.id)
+        (text,) = conn.execute("SELECT data FROM anchors WHERE id = ?", (key,)).fetchone()
+        node = Serializer.deserialize(json.loads(text))  # as a load gives it
+        for id in intent.edges_added:
+            link = object.__new__(EdgeAnchor)
+            link.id = id
+            node.edges.append(link)
+        conn.execute("SAVEPOINT jaclang")
+        store.jac_memory.SqliteMemory._merge_write(self, conn, WriteIntent(op=WriteOp.EDGE_LIST_DELTA, anchor=node))
+        expected = conn.execute("SELECT type, arch_module, arch_type, fingerprint, data, format_version FROM anchors WHERE id = ?",
+                                (key,)).fetchone()
+        conn.execute("ROLLBACK TO jaclang")
+        conn.execute("RELEASE jaclang")
+        merged_by_id(self, conn, intent)
+        assert conn.execute("SELECT type, arch_module, arch_type, fingerprint, data, format_version FROM anchors WHERE id = ?",
+                            (key,)).fetchone() == expected
+        checked.append(type(node.archetype).__name__)
+
+    def get(self, id):  # noqa: ANN001, ANN202
+        loads.add(id)
+        return loaded(self, id)
+
+    monkeypatch.setattr(store.SharedSqliteStore, "_merge_edge_ids", compared)
+    monkeypatch.setattr(store.SharedSqliteStore, "get", get)
+    linked: set = set()
+    record = store.links_by_id
+    monkeypatch.setattr(store, "links_by_id", lambda intent: record(intent) and not linked.add(intent.anchor.id))
+    for (n, messages) in enumerate(sessions):
+        for end in range(4, len(messages) + 3, 3):
+            engine.ingest(f"s{n}", messages[:end])
+    # Merged by id, and never loaded by the calls that linked them.
+    assert linked and not linked & loads
+    return checked
+
+
+def test_a_reuse_of_an_earlier_result_is_merged_by_id_as_jaclang_merges_the_loaded_result(tmp_path, monkeypatch):
+    engine = Engine(tmp_path / "store")
+    checked = _by_id_compared_with_jaclang(engine, monkeypatch, [trace_prefix(turns=20)])
+    assert set(checked) == {"ToolResult"} and len(checked) >= 4
+
+
+def test_a_result_stored_in_an_earlier_format_is_merged_as_jaclang_merges_it(tmp_path, monkeypatch):
+    from graph.context import ToolResult
+
+    engine = Engine(tmp_path / "store")
+    messages = trace_prefix(turns=14)
+    current = ToolResult.__jac_fingerprint__
+    with monkeypatch.context() as earlier:
+        earlier.setattr(ToolResult, "__jac_fingerprint__", "written-by-an-earlier-version")
+        engine.ingest("s0", messages[:-8])
+    on_text: list[tuple] = []
+    merge = by_id.merge_edge_ids
+    monkeypatch.setattr(by_id, "merge_edge_ids", lambda conn, key, *args: on_text.append((key, merge(conn, key, *args))) or on_text[-1][1])
+    checked = _by_id_compared_with_jaclang(engine, monkeypatch, [messages])
+    assert "ToolResult" in checked and any(not done for (_, done) in on_text)
+    with sqlite3.connect(str(next((tmp_path / "store").rglob("*.db")))) as conn:
+        # jaclang's merge wrote the row in the current format.
+        for (key, _) in on_text:
+            assert conn.execute("SELECT fingerprint FROM anchors WHERE id = ?", (key,)).fetchone() == (current,)
+    assert ToolResult.__jac_fingerprint__ == current
+    assert len(engine.get_session("s0", include_messages=True)["messages"]) == len(messages)
+
+
+def test_without_a_store_that_merges_by_id_the_result_is_loaded_and_linked(tmp_path, monkeypatch):
+    monkeypatch.setattr(store.SharedSqliteStore, "merges_edge_ids", False)
+    linked: list = []
+    monkeypatch.setattr(store.SharedSqliteStore, "_merge_edge_ids", lambda self, conn, intent: linked.append(intent))
+    engine = Engine(tmp_path / "store")
+    messages = trace_prefix(turns=14)
+    links = sum(engine.ingest("s", messages[:end]).reuse_links for end in range(4, len(messages) + 3, 3))
+    assert links > 4 and linked == []
+
+
+def test_a_result_is_linked_by_id_only_when_the_callers_root_may_connect_to_it(tmp_path):
+    """jaclang's check answers WRITE for the system root and for a node stored under the caller's
+    root: only then is a stored result linked by id (its stored root read once a call)."""
+    import types
+    import uuid
+
+    import walkers.ingest as ingest_module
+
+    engine = Engine(tmp_path / "store")
+    engine.ingest("s", trace_prefix(turns=3))
+    path = _db(tmp_path)
+    with sqlite3.connect(path) as conn:
+        (mine, theirs) = [uuid.UUID(row[0]) for row in conn.execute("SELECT id FROM anchors WHERE arch_type = 'ToolResult' LIMIT 2")]
+        owner = uuid.uuid4()
+        conn.execute("UPDATE anchors SET data = json_set(data, '$.root', ?) WHERE id = ?", (str(owner), str(mine)))
+    l3 = store.SharedSqliteStore(path=path)
+    asked: list = []
+    stored_roots = l3.stored_roots
+    l3.stored_roots = lambda ids: asked.append(ids) or stored_roots(ids)
+    system = types.SimpleNamespace(id=uuid.UUID(int=0))
+
+    def lean(user):  # noqa: ANN001, ANN202
+        context = types.SimpleNamespace(user_root=user, system_root=system, mem=types.SimpleNamespace(l3=l3))
+        return ingest_module.LeanLinks(context=context, indexed=False, by_id=True)
+
+    as_owner = lean(types.SimpleNamespace(id=owner))
+    assert ingest_module._owned(mine, as_owner) and not ingest_module._owned(theirs, as_owner)
+    assert ingest_module._owned(mine, as_owner) and len(asked) == 2  # once a node a call
+    as_system = lean(system)
+    assert ingest_module._owned(mine, as_system) and ingest_module._owned(theirs, as_system) and len(asked) == 2
+    assert not ingest_module._owned(uuid.uuid4(), lean(types.SimpleNamespace(id=owner)))  # not stored
+    l3.close()
+
+
+def _db(tmp_path) -> str:  # noqa: ANN001
+    return str(next((tmp_path / "store").rglob("*.db")))
+
+
+def test_on_the_server_every_reuse_edge_is_in_both_its_ends_lists(jac_server):
+    """A user's calls on the server (its own root, not the system root), in rounds: each stored
+    `Reuses` edge is in the edge lists of its operation and of its result, and the session reads."""
+    import uuid
+
+    from contextrender import Client
+
+    messages = trace_prefix(turns=14)
+    with Client(jac_server.url) as client:
+        client.register(f"user_{uuid.uuid4().hex[:8]}", "secret-password-1")
+        links = sum(client.ingest("by-id", messages[:end]).reuse_links for end in range(4, len(messages) + 3, 3))
+        assert client.get_session("by-id", include_messages=True)["messages"] == messages
+    assert links > 4
+    path = str(next((jac_server.workdir / ".jac" / "data").glob("anchor_store.db")))
+    with sqlite3.connect(path) as conn:
+        rows = {key: json.loads(data) for (key, data) in conn.execute("SELECT id, data FROM anchors")}
+    reuses = [(key, data) for (key, data) in rows.items() if data["archetype"]["__type__"] == "Reuses"]
+    assert len(reuses) >= links
+    for (key, data) in reuses:
+        assert key in rows[data["source"]]["edges"] and key in rows[data["target"]]["edges"]
