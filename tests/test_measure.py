@@ -118,6 +118,21 @@ def test_embed_joined_tokenises_a_repeated_first_part_once(monkeypatch):
     assert seen == [task]
 
 
+def test_embed_joined_tokenises_what_follows_the_first_part_word_by_word(monkeypatch):
+    """The rest is tokenised from the word cache (`_text_ids`, the tokenizer's own ids), and the
+    vector is still the joined text's to the bit, on the recorded traces' texts."""
+    embedder = get_embedder()
+    seen = []
+    text_ids = type(embedder)._text_ids
+    monkeypatch.setattr(type(embedder), "_text_ids", lambda self, text: seen.append(text) or text_ids(self, text))
+    texts = _trace_texts()[:200]
+    task = texts[0]
+    for message in texts[1:]:
+        seen.clear()
+        assert np.array_equal(embedder.embed_joined([task, message]), embedder.embed([task + "\n" + message])[0])
+        assert seen[0] == "\n" + message
+
+
 def test_empty_text_embeds_to_zero():
     assert not get_embedder().embed([""]).any()
 

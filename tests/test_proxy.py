@@ -852,3 +852,48 @@ def test_reconcile_puts_in_normal_form_only_what_the_last_request_did_not_send(m
     edited[2]["content"] = "TEXT_2"
     normalised.clear()
     assert kept.reconcile("s", edited) == [normal_form(m) for m in edited] and normalised == edited[2:]
+
+
+def test_reconcile_compares_a_stored_answer_again_only_when_it_or_its_place_changed(monkeypatch):
+    from contextrender.core import normal_form, same_event
+    from contextrender.proxy import sessions
+
+    compared: list = []
+    monkeypatch.setattr(sessions, "same_event", lambda a, b: compared.append(a) or same_event(a, b))
+    answer = {"role": "assistant", "content": "", "tool_calls": [{"id": "c1", "function": {"name": "read", "arguments": "{}"}, "index": 0}]}
+    turn = [user("read it"), answer, tool("c1", "TEXT_1")]
+    kept = sessions.Sessions(backend=None)
+    state = kept.session("s")
+    kept.remember(state, 1, normal_form(answer))
+    assert kept.reconcile("s", turn)[1] is state.answers[1] and len(compared) == 1
+    # Re-sent with more (a body parsed again): the answer at the same place is not compared again.
+    later = json.loads(json.dumps(turn + [assistant("done"), user("thanks")]))
+    assert kept.reconcile("s", later)[1] is state.answers[1] and len(compared) == 1
+    # A new answer is compared once; the old one stays matched.
+    kept.remember(state, 3, normal_form(later[3]))
+    assert kept.reconcile("s", json.loads(json.dumps(later)))[3] is state.answers[3] and len(compared) == 2
+    # Its place changed (the agent rewrote the history there): compared, refused, forgotten with the later ones.
+    edited = json.loads(json.dumps(later))
+    edited[1]["tool_calls"][0]["function"]["arguments"] = '{"path": "b"}'
+    out = kept.reconcile("s", edited)
+    assert out[1] == normal_form(edited[1]) and out[1] is not answer and len(compared) == 3
+    assert state.answers == {} and state.matched == {}
+
+
+def test_a_session_whose_encoding_and_name_are_settled_takes_one_worker_thread_a_request(engine, upstream, monkeypatch):
+    from contextrender.proxy import app as proxy_app
+
+    hops: list = []
+    real = proxy_app.run_in_threadpool
+    monkeypatch.setattr(proxy_app, "run_in_threadpool", lambda f, *a, **k: hops.append(f) or real(f, *a, **k))
+    messages = conversation(results=2, words=5)
+    with LoopbackServer(create_app(engine, upstream.base_url, BUDGET, answer_delay=0)) as server:
+        for (n, name) in enumerate(["a name\twith a tab", "a name\twith a tab", "a name\twith a tab"]):
+            response = httpx.post(f"{server.url}/v1/chat/completions", json={"model": "claude-x", "messages": messages[:4 + n]},
+                                  headers={SESSION_HEADER: name})
+            assert response.status_code == 200 and response.headers[STATUS_HEADER] == "managed"
+    # The first request names the session and sets its encoding (a hop), then renders (another);
+    # the next two only render (the engine's warm-up at the start aside).
+    assert len([f for f in hops if getattr(f, "__name__", "") != "warm_up"]) == 4
+    key = response.headers[SESSION_HEADER]
+    assert engine.get_session(key)["name"] == "a name\twith a tab" and engine.get_session(key)["config"]["encoding"] == "claude"

@@ -825,3 +825,45 @@ def test_long_calls_of_verbatim_turns_are_cut_once_prose_exceeds_its_share(engin
     kept = engine.render("share", big, budget=3000, policy="per-call", prose_share=1.0, verbatim_call_room=48)
     assert_sound(kept, 3000)
     assert kept.selected and all(whole[k] == v for (k, v) in _shown_calls(kept).items())
+
+
+def test_a_layout_takes_each_events_cost_from_what_its_index_keeps(engine, monkeypatch):
+    """A layout's per-event costs come from the costs whole and the calls' savings its index keeps
+    (base_tokens only for a condensed message): the costs base_tokens gives for the layout made,
+    where every event was counted two or three times a layout before."""
+    from engine.plan import RenderPlan
+
+    (counted, layouts) = ([], [])
+    (base_tokens, lay_out) = (RenderPlan.base_tokens, RenderPlan.lay_out)
+
+    def checked(plan):
+        counted.clear()
+        layout = lay_out(plan)
+        layouts.append((len(counted), plan.history_end, list(layout.base) == [base_tokens(plan, e) for e in range(plan.history_end)]))
+        return layout
+
+    monkeypatch.setattr(RenderPlan, "base_tokens", lambda plan, e: counted.append(e) or base_tokens(plan, e))
+    monkeypatch.setattr(RenderPlan, "lay_out", checked)
+    messages = folded_session(14)
+    for j in range(8, len(messages) + 1, 2):
+        engine.render("s", messages[:j], budget=1500)
+        engine.render("per-call", messages[:j], budget=1500, policy="per-call")
+    assert len(layouts) > 10 and all(same for (_, _, same) in layouts)
+    assert all(calls < end / 2 for (calls, end, _) in layouts), layouts
+
+
+def test_a_fold_index_listed_by_reuse_is_made_again_only_when_its_order_changes(engine, monkeypatch):
+    from engine.plan import RenderPlan
+
+    made = []
+    listed = RenderPlan.listed_marker
+    monkeypatch.setattr(RenderPlan, "listed_marker", lambda plan, folded, cap: made.append(list(folded)) or listed(plan, folded, cap))
+    messages = folded_session(10)
+    first = engine.render("s", messages, budget=1500, policy="per-call", fold_index_order="reused")
+    again = engine.render("s", messages, budget=1500, policy="per-call", fold_index_order="reused")
+    assert first.folded_messages > 0 and fold_index_text(first) and first.messages == again.messages
+    assert len(made) == 1
+    # A later step reuses the oldest folded result's value: it moves up the index, which is made again.
+    later = messages + [assistant("again", call("c_again", "run", {"command": "OUT_0"})), tool("c_again", "done"), user("go")]
+    engine.render("s", later, budget=1500, policy="per-call", fold_index_order="reused")
+    assert len(made) == 2

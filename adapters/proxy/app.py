@@ -199,7 +199,8 @@ class _Proxy:
             turn = state.turn
             answer = None
             try:
-                await run_in_threadpool(self.sessions.check_encoding, session_id, state, encoding)
+                if not self.sessions.checked(session_id, state, encoding):
+                    await run_in_threadpool(self.sessions.check_encoding, session_id, state, encoding)
                 prepared = self.sessions.reconcile(session_id, messages)
                 # The previous answer, when this request re-sends it, is stored by this render.
                 answer = await self.sessions.take_answer(session_id, state, prepared)
