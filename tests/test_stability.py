@@ -461,3 +461,25 @@ def test_keep_shows_first_a_result_left_out_that_the_model_used_since(tmp_path):
     (mode, reason, status) = run("keep", "keep")
     assert mode == "re-render" and status["a"] == "kept"
     assert reason.endswith("; result r1, left out and used since, shown first with its room beyond the cap")
+
+
+def test_keep_names_the_result_it_shows_first(tmp_path):
+    """`reuse_room` "keep" pins the results left out and used since newest first; the render's
+    reason names the first one shown (the newest), not the lowest handle."""
+    budget = 900
+    settings = dict(w_relevance=0.0, similarity_penalty=0.0, cache_value=0.0, prose_share=1.0, headroom=0.5,
+                    reuse_rerender=True, reuse_room="keep")
+    engine = Engine(tmp_path / "store")
+    messages = [user("compare")]
+    for name in "abcdef":
+        messages += [assistant(None, call(name, "read", {})), tool(name, f"{name.upper()}_VALUE_1111 " + filler(name, 100))]
+    messages += [assistant("so"), user("next")]
+    first = engine.render("s", messages, budget=budget, explain=True, **settings)
+    status = {d.call_id: d.status for d in first.decisions}
+    assert status["a"] == status["b"] == "omitted", status
+    messages += [assistant("A_VALUE_1111 and B_VALUE_1111 it is", call("g", "look", {})), tool("g", "small")]
+    later = engine.render("s", messages, budget=budget, explain=True, **settings)
+    assert_sound(later, budget)
+    status = {d.call_id: d.status for d in later.decisions}
+    assert later.mode == "re-render" and status["a"] == status["b"] == "kept", (later.mode_reason, status)
+    assert later.mode_reason.endswith("; result r2, left out and used since, shown first with its room beyond the cap")
