@@ -193,16 +193,16 @@ def test_hysteresis_keeps_what_the_previous_render_showed(tmp_path):
     budget = 740
     settings = dict(w_relevance=0.0, similarity_penalty=0.0, headroom=0.0, cache_value=0.0, prose_share=1.0)
 
-    def run(store: str, stickiness: float) -> list:
+    def run(store: str, stickiness: float, **extra) -> list:
         engine = Engine(tmp_path / store)
         messages = [user("compare")]
         for name in ("a", "b", "c"):
             messages += [assistant(None, call(name, "read", {})), tool(name, f"{name.upper()}_VALUE_1111 " + filler(name, 140))]
-        first = engine.render("s", messages, budget=budget, stickiness=stickiness, explain=True, **settings)
+        first = engine.render("s", messages, budget=budget, stickiness=stickiness, explain=True, **settings, **extra)
         assert_sound(first, budget)
         # (The model answers after it: a result of the newest step would be kept in view anyway.)
         messages += [assistant("A_VALUE_1111 it is", call("d", "dump", {})), tool("d", filler("d", 320)), assistant("ok"), user("next")]
-        later = engine.render("s", messages, budget=budget, stickiness=stickiness, explain=True, **settings)
+        later = engine.render("s", messages, budget=budget, stickiness=stickiness, explain=True, **settings, **extra)
         assert_sound(later, budget)
         assert later.mode == "re-render" and "exceed the budget" in later.mode_reason
         return [{d.call_id: d.status for d in r.decisions} for r in (first, later)]
@@ -210,6 +210,10 @@ def test_hysteresis_keeps_what_the_previous_render_showed(tmp_path):
     plain, sticky = run("plain", 0.0), run("sticky", 1.0)
     assert plain == [{"a": "omitted", "b": "kept", "c": "kept"}, {"a": "kept", "b": "omitted", "c": "kept", "d": "omitted"}]
     assert sticky == [{"a": "omitted", "b": "kept", "c": "kept"}, {"a": "omitted", "b": "kept", "c": "kept", "d": "omitted"}]
+    # `sticky_to` "used": b and c were shown but never used, so nothing holds them: the paper's choice.
+    assert run("used", 1.0, sticky_to="used") == plain
+    with pytest.raises(Exception, match="sticky_to"):
+        Engine(tmp_path / "bad").render("s", [user("x")], budget=900, sticky_to="some")
 
 
 def test_hysteresis_never_displaces_the_newest_steps_result(tmp_path):
