@@ -193,16 +193,16 @@ def test_hysteresis_keeps_what_the_previous_render_showed(tmp_path):
     budget = 740
     settings = dict(w_relevance=0.0, similarity_penalty=0.0, headroom=0.0, cache_value=0.0, prose_share=1.0)
 
-    def run(store: str, stickiness: float) -> list:
+    def run(store: str, stickiness: float, **extra) -> list:
         engine = Engine(tmp_path / store)
         messages = [user("compare")]
         for name in ("a", "b", "c"):
             messages += [assistant(None, call(name, "read", {})), tool(name, f"{name.upper()}_VALUE_1111 " + filler(name, 140))]
-        first = engine.render("s", messages, budget=budget, stickiness=stickiness, explain=True, **settings)
+        first = engine.render("s", messages, budget=budget, stickiness=stickiness, explain=True, **settings, **extra)
         assert_sound(first, budget)
         # (The model answers after it: a result of the newest step would be kept in view anyway.)
         messages += [assistant("A_VALUE_1111 it is", call("d", "dump", {})), tool("d", filler("d", 320)), assistant("ok"), user("next")]
-        later = engine.render("s", messages, budget=budget, stickiness=stickiness, explain=True, **settings)
+        later = engine.render("s", messages, budget=budget, stickiness=stickiness, explain=True, **settings, **extra)
         assert_sound(later, budget)
         assert later.mode == "re-render" and "exceed the budget" in later.mode_reason
         return [{d.call_id: d.status for d in r.decisions} for r in (first, later)]
@@ -210,6 +210,10 @@ def test_hysteresis_keeps_what_the_previous_render_showed(tmp_path):
     plain, sticky = run("plain", 0.0), run("sticky", 1.0)
     assert plain == [{"a": "omitted", "b": "kept", "c": "kept"}, {"a": "kept", "b": "omitted", "c": "kept", "d": "omitted"}]
     assert sticky == [{"a": "omitted", "b": "kept", "c": "kept"}, {"a": "omitted", "b": "kept", "c": "kept", "d": "omitted"}]
+    # `sticky_to` "used": b and c were shown but never used, so nothing holds them: the paper's choice.
+    assert run("used", 1.0, sticky_to="used") == plain
+    with pytest.raises(Exception, match="sticky_to"):
+        Engine(tmp_path / "bad").render("s", [user("x")], budget=900, sticky_to="some")
 
 
 def test_hysteresis_never_displaces_the_newest_steps_result(tmp_path):
@@ -461,3 +465,25 @@ def test_keep_shows_first_a_result_left_out_that_the_model_used_since(tmp_path):
     (mode, reason, status) = run("keep", "keep")
     assert mode == "re-render" and status["a"] == "kept"
     assert reason.endswith("; result r1, left out and used since, shown first with its room beyond the cap")
+
+
+def test_keep_names_the_result_it_shows_first(tmp_path):
+    """`reuse_room` "keep" pins the results left out and used since newest first; the render's
+    reason names the first one shown (the newest), not the lowest handle."""
+    budget = 900
+    settings = dict(w_relevance=0.0, similarity_penalty=0.0, cache_value=0.0, prose_share=1.0, headroom=0.5,
+                    reuse_rerender=True, reuse_room="keep")
+    engine = Engine(tmp_path / "store")
+    messages = [user("compare")]
+    for name in "abcdef":
+        messages += [assistant(None, call(name, "read", {})), tool(name, f"{name.upper()}_VALUE_1111 " + filler(name, 100))]
+    messages += [assistant("so"), user("next")]
+    first = engine.render("s", messages, budget=budget, explain=True, **settings)
+    status = {d.call_id: d.status for d in first.decisions}
+    assert status["a"] == status["b"] == "omitted", status
+    messages += [assistant("A_VALUE_1111 and B_VALUE_1111 it is", call("g", "look", {})), tool("g", "small")]
+    later = engine.render("s", messages, budget=budget, explain=True, **settings)
+    assert_sound(later, budget)
+    status = {d.call_id: d.status for d in later.decisions}
+    assert later.mode == "re-render" and status["a"] == status["b"] == "kept", (later.mode_reason, status)
+    assert later.mode_reason.endswith("; result r2, left out and used since, shown first with its room beyond the cap")
