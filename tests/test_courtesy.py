@@ -66,29 +66,73 @@ def test_a_short_call_or_an_in_process_one_never_waits_beside_others(courtesy, m
         courtesy.CALLS.leave()
 
 
-def test_a_long_call_waits_after_each_slice_and_at_most_wait(courtesy):
+class _Clock:
+    """A clock of the pass's own: computing and sleeping advance it, nothing else, so what a pass
+    waits is counted exactly, whatever the machine's load (`at`: a function called at a time,
+    from within a wait; `waited`: the seconds waited, since `at`'s call once it was called)."""
+
+    def __init__(self) -> None:
+        self.now = time.monotonic()
+        self.at: tuple | None = None
+        self.waited = 0.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def compute(self, seconds: float) -> None:
+        self.now += seconds
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+        self.waited += seconds
+        if self.at is not None and self.now >= self.at[0]:
+            (_, then) = self.at
+            self.at = None
+            then()
+            self.waited = 0.0  # from here on, what it waits after `then`
+
+
+@pytest.fixture
+def clock(courtesy, monkeypatch):
+    clock = _Clock()
+    monkeypatch.setattr(courtesy, "time", clock)
+    turn = courtesy.TURN.get()
+    (turn.first, turn.last) = (clock.now, clock.now)
+    return clock
+
+
+def _compute_on(clock: _Clock, seconds: float) -> float:
+    """Steps of 0.5 ms of a pass for `seconds` of computing on `clock`; the seconds it took."""
+    start = clock.now
+    busy = 0.0
+    while busy < seconds:
+        clock.compute(0.0005)
+        busy += 0.0005
+        core.give_way()
+    return clock.now - start
+
+
+def test_a_long_call_waits_after_each_slice_and_at_most_wait(courtesy, clock):
     courtesy.CALLS.enter()  # another call, in progress throughout
     try:
-        took = _compute_for(courtesy.LONG + 0.1)
+        took = _compute_on(clock, courtesy.LONG + 0.1)
     finally:
         courtesy.CALLS.leave()
     slices = 0.1 / courtesy.SLICE
-    # Past LONG, each slice was followed by a wait of about WAIT (never more): the long call got
-    # about SLICE / (SLICE + WAIT) of the time.
-    waited = took - courtesy.LONG - 0.1
-    assert 0.5 * slices * courtesy.WAIT < waited < 1.5 * slices * (courtesy.WAIT + courtesy.SLICE)
+    # Past LONG, each slice was followed by a wait of WAIT (the other call never ended): the long
+    # call got SLICE / (SLICE + WAIT) of the time.
+    assert took == pytest.approx(courtesy.LONG + 0.1 + clock.waited)
+    assert 0.9 * slices * courtesy.WAIT < clock.waited < 1.1 * slices * courtesy.WAIT
 
 
-def test_it_goes_on_as_soon_as_the_other_call_ends(courtesy):
+def test_it_goes_on_as_soon_as_the_other_call_ends(courtesy, clock):
     courtesy.CALLS.enter()
-    ended = threading.Timer(courtesy.LONG + 0.15, courtesy.CALLS.leave)
-    ended.start()
-    try:
-        took = _compute_for(courtesy.LONG + 0.3)
-    finally:
-        ended.join()
-    # Waiting only while the other call ran, then computing without a pause.
-    assert took < courtesy.LONG + 0.3 + 0.15 + 0.1
+    clock.at = (clock.now + courtesy.LONG + 0.15, courtesy.CALLS.leave)
+    took = _compute_on(clock, courtesy.LONG + 0.3)
+    # Waiting only while the other call ran (until LONG + 0.15), then computing without a pause.
+    assert clock.at is None and courtesy.CALLS.running == 1
+    assert clock.waited == 0.0
+    assert courtesy.LONG + 0.3 < took <= courtesy.LONG + 0.3 + 0.15
 
 
 def _full_collections_while(make_garbage) -> int:
