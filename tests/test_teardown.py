@@ -80,3 +80,50 @@ def test_an_ordinary_working_set_closes_as_before(tmp_path):
     (alive, first_intact, held, given_back, running, holding) = probe(200, 1000, tmp_path)
     assert alive == "200"
     assert (first_intact, held, given_back, running, holding) == ("True", "False", "True", "0", "0")
+
+
+def test_the_full_collection_after_the_slices_waits_for_a_moment_without_calls(monkeypatch):
+    """What the slices leave to the cyclic collector is collected once, when no other call is in
+    progress: not while one is, and at once when it ends."""
+    import gc
+    import threading
+    import time
+    from types import SimpleNamespace
+
+    from contextrender import core
+    from contextrender.server import teardown
+
+    full: list[float] = []
+    sliced = threading.Event()  # the slices are done: the pass is at its collection
+    collect_when_idle = teardown._collect_when_idle
+
+    def at_the_collection() -> tuple[int, float]:
+        sliced.set()
+        return collect_when_idle()
+
+    monkeypatch.setattr(teardown, "_collect_when_idle", at_the_collection)
+
+    def counted(phase: str, info: dict) -> None:
+        if phase == "stop" and info["generation"] == 2:
+            full.append(time.monotonic())
+
+    core.CALLS.enter()  # another call, in progress
+    other_ended = None
+    gc.callbacks.append(counted)
+    try:
+        turn = core.background_pass()
+        pass_ = threading.Thread(target=teardown.untie_in_slices, args=([SimpleNamespace(archetype=None) for _ in range(10)], turn))
+        pass_.start()
+        assert sliced.wait(timeout=30)
+        time.sleep(0.2)
+        assert full == [], "a full collection ran while another call was in progress"
+        other_ended = time.monotonic()
+        core.CALLS.leave()
+        pass_.join(timeout=10)
+        assert not pass_.is_alive()
+        assert len(full) == 1 and full[0] >= other_ended
+    finally:
+        gc.callbacks.remove(counted)
+        if other_ended is None:
+            core.CALLS.leave()
+    assert core.CALLS.holding == 0
