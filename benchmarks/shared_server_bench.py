@@ -12,6 +12,10 @@ model: without it 30 users saturate the two cores on their own.
 `--checkout` serves another checkout's Jac modules with its venv's `jac` (a before/after run);
 `--switch-intervals default,1,0.5 --rounds 2` serves each GIL switch interval in turn (`default`: the server's
 default), twice, and ends with a table of the runs.
+`--gc-probe` times every collection of Python's cyclic collector in the server (a `sitecustomize` on
+its PYTHONPATH, `gc.callbacks`) and prints the full ones during the big call and after it. "Around
+its end" is the others' calls in progress from 1 s before the big call's answer to `--after` seconds
+after it: where the full collection that frees what the big call left falls.
 """
 
 from __future__ import annotations
@@ -35,6 +39,21 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))
 
 PASSWORD = "a-Bench-password-9"
+
+# Put on the server's PYTHONPATH by --gc-probe: one line per full collection (and per younger one
+# over 50 ms): wall-clock start, seconds, generation, objects collected.
+GC_PROBE = """import gc, os, time
+_log = open(os.environ["SHARED_SERVER_BENCH_GC_LOG"], "a", buffering=1)
+_began = [0.0, 0.0]
+def _timed(phase, info):
+    if phase == "start":
+        _began[:] = [time.time(), time.perf_counter()]
+        return
+    seconds = time.perf_counter() - _began[1]
+    if info["generation"] == 2 or seconds > 0.05:
+        _log.write(f"{_began[0]:.3f} {seconds:.3f} {info['generation']} {info['collected']}\\n")
+gc.callbacks.append(_timed)
+"""
 
 
 def big_session(messages: int) -> list[dict]:
@@ -150,6 +169,22 @@ def on_sessions(rows: list[tuple[float, float, int, str]]) -> list[tuple[float, 
     return [r for r in rows if r[3] not in ("register", "login")]
 
 
+def collections(gc_log: Path, began: float, ended: float, after: float) -> str:
+    """The server's full collections while the big call ran and in the `after` seconds after it
+    (wall-clock bounds), from --gc-probe's log."""
+    rows = [tuple(float(x) for x in line.split()) for line in gc_log.read_text().splitlines() if line.strip()] if gc_log.exists() else []
+    full = [r for r in rows if r[2] == 2]
+
+    def told(part: list) -> str:
+        return (f"{len(part)}, {sum(r[1] for r in part):.2f} s in all, longest {max((r[1] for r in part), default=0):.2f} s"
+                + (f" ({max(r[3] for r in part):,.0f} objects freed at most)" if part else ""))
+    during = [r for r in full if began <= r[0] < ended]
+    later = [r for r in full if ended <= r[0] < ended + after]
+    young = [r for r in rows if r[2] < 2 and began <= r[0] < ended + after]
+    return (f"full collections while the big call ran: {told(during)}; in the {after:.0f} s after it: {told(later)}; "
+            f"younger ones over 50 ms: {len(young)}")
+
+
 def one_run(args: argparse.Namespace, body: str, label: str, env: dict[str, str]) -> dict:
     """One server, the others' calls before, during and after one big call; printed, and the figures returned."""
     from jacserver import JacServer
@@ -157,6 +192,11 @@ def one_run(args: argparse.Namespace, body: str, label: str, env: dict[str, str]
     load_before = os.getloadavg()[0]
     print(f"--- {label} (load average {load_before:.1f})", flush=True)
     with tempfile.TemporaryDirectory(prefix="shared-server-") as folder:
+        gc_log = Path(folder) / "gc.log"
+        if args.gc_probe:
+            (Path(folder) / "probe").mkdir()
+            (Path(folder) / "probe" / "sitecustomize.py").write_text(GC_PROBE)
+            env = {**env, "PYTHONPATH": str(Path(folder) / "probe"), "SHARED_SERVER_BENCH_GC_LOG": str(gc_log)}
         server = JacServer(Path(folder) / "server", checkout=args.checkout.resolve(),
                            jac=args.checkout.resolve() / ".venv" / "bin" / "jac", **env).start()
         try:
@@ -181,6 +221,8 @@ def one_run(args: argparse.Namespace, body: str, label: str, env: dict[str, str]
                 for user in users:
                     user.join(timeout=120)
             during = [r for r in calls.rows if began <= r[0] <= ended]
+            # In progress from 1 s before the big call's answer to `after` s after it.
+            around_end = [r for r in calls.rows if r[0] <= ended + args.after and r[0] + r[1] >= ended - 1]
             # The calls before the big one, past the first logins (the same load, without it).
             before = [r for r in calls.rows if began - args.before / 2 <= r[0] < began]
             print(f"the {args.users} others, whole run: {summary(calls.rows)}")
@@ -188,6 +230,12 @@ def one_run(args: argparse.Namespace, body: str, label: str, env: dict[str, str]
             print(f"  their calls on sessions: {summary(on_sessions(before))}")
             print(f"the {args.users} others, while the big call ran: {summary(during)}")
             print(f"  their calls on sessions (all but register and login): {summary(on_sessions(during))}")
+            print(f"the {args.users} others around its end (in progress from 1 s before its answer to "
+                  f"{args.after:.0f} s after): {summary(around_end)}")
+            print(f"  their calls on sessions: {summary(on_sessions(around_end))}")
+            shift = time.time() - time.monotonic()
+            if args.gc_probe:
+                print(f"server: {collections(gc_log, began + shift, ended + shift, args.after)}")
             by_kind: dict[str, list] = {}
             for row in during:
                 by_kind.setdefault(row[3], []).append(row)
@@ -198,7 +246,6 @@ def one_run(args: argparse.Namespace, body: str, label: str, env: dict[str, str]
             if len(calls.errors) > 5:
                 print(f"  ... {len(calls.errors) - 5} more errors")
             if args.calls_log:
-                shift = time.time() - time.monotonic()
                 args.calls_log.write_text("".join(f"{start + shift:.3f} {seconds:.3f} {status} {what}\n"
                                                   for start, seconds, status, what in sorted(calls.rows)))
                 print(f"big call from {began + shift:.3f} to {ended + shift:.3f} (wall clock); calls in {args.calls_log}")
@@ -211,6 +258,7 @@ def one_run(args: argparse.Namespace, body: str, label: str, env: dict[str, str]
     return {"label": label, "big": ended - began, "status": response.status_code,
             "failed": sum(1 for r in calls.rows if r[2] >= 500), "during": percentiles(on_sessions(during)),
             "calls": len(on_sessions(during)), "before": percentiles(on_sessions(before)),
+            "end": percentiles(on_sessions(around_end)),
             "load": (load_before, os.getloadavg()[0])}
 
 
@@ -230,6 +278,8 @@ def main() -> None:
     parser.add_argument("--calls-log", type=Path,
                         help="write every ordinary call here, one line each: wall-clock start, seconds, status, kind "
                              "(the last run's; to line up a stall with the server's log or a profile)")
+    parser.add_argument("--gc-probe", action="store_true",
+                        help="time the server's garbage collections (gc.callbacks in a sitecustomize) and print the full ones")
     args = parser.parse_args()
     logging.getLogger("httpx").setLevel(logging.WARNING)
 
@@ -242,11 +292,12 @@ def main() -> None:
             label = f"round {round_}, switch interval {setting if setting == 'default' else setting + ' ms'}"
             results.append(one_run(args, body, label, env))
     if len(results) > 1:
-        print("\n| run | big call | others' 5xx | on sessions while it ran: calls, p50 / p95 | before it: p50 / p95 | load |")
-        print("|---|---|---|---|---|---|")
+        print("\n| run | big call | others' 5xx | on sessions while it ran: calls, p50 / p95 | around its end: p50 / p95 "
+              "| before it: p50 / p95 | load |")
+        print("|---|---|---|---|---|---|---|")
         for r in results:
             print(f"| {r['label']} | {r['big']:.1f} s ({r['status']}) | {r['failed']} | {r['calls']}, "
-                  f"{r['during'][0]:,.0f} / {r['during'][1]:,.0f} ms | {r['before'][0]:,.0f} / {r['before'][1]:,.0f} ms | "
+                  f"{r['during'][0]:,.0f} / {r['during'][1]:,.0f} ms | {r['end'][0]:,.0f} / {r['end'][1]:,.0f} ms | {r['before'][0]:,.0f} / {r['before'][1]:,.0f} ms | "
                   f"{r['load'][0]:.1f}-{r['load'][1]:.1f} |")
 
 

@@ -228,6 +228,30 @@ def test_collections_wait_for_the_last_of_several_long_calls(courtesy):
     assert gc.get_threshold() == thresholds and courtesy.CALLS.holding == 0
 
 
+def test_a_background_pass_is_a_long_call_from_the_start(courtesy, monkeypatch):
+    """A pass after a call answered (adapters/server/teardown.py): counted, full collections held
+    until it ends, and it gives way at once beside another call (no LONG seconds first)."""
+    import gc
+
+    thresholds = gc.get_threshold()
+    running = courtesy.CALLS.running
+    turn = courtesy.background_pass()
+    assert courtesy.CALLS.running == running + 1 and turn.long
+    assert gc.get_threshold()[2] == courtesy.HELD_FULL_THRESHOLD
+    sleeps: list[float] = []
+    monkeypatch.setattr(courtesy.time, "sleep", sleeps.append)
+    token = courtesy.TURN.set(turn)
+    try:
+        turn.last = 0.0  # its last turn long past
+        courtesy.give_way()  # the fixture's call is in progress beside it
+    finally:
+        courtesy.TURN.reset(token)
+        monkeypatch.undo()
+        courtesy.CALLS.leave(turn)
+    assert sleeps, "it did not give way"
+    assert courtesy.CALLS.running == running and gc.get_threshold() == thresholds
+
+
 def test_an_in_process_call_leaves_the_collector_alone(courtesy):
     import gc
 

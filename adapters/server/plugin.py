@@ -48,15 +48,20 @@ class ServerPlugin:
                          full_target_path: str | None = None) -> Any:
         """jac-scale's request context, its working set's commit without hashing new anchors
         (adapters/working_set.py `server_memory_class`: about a third of a big call's time, in which it
-        could not give way to the others)."""
+        could not give way to the others), and its close freeing a big working set in slices
+        (adapters/server/teardown.py: otherwise one full collection that holds every call)."""
+        from functools import partial
+
         from jac_scale.memory_hierarchy import ScaleTieredMemory
         from jac_scale.plugin import JacScalePlugin
 
+        from contextrender.server.teardown import close_untied
         from contextrender.working_set import server_memory_class
 
         ctx = JacScalePlugin.create_j_context(user_root, base_path_dir, full_target_path)
         if type(ctx.mem) is ScaleTieredMemory:
             ctx.mem.__class__ = server_memory_class()
+            ctx.mem.close = partial(close_untied, ctx.mem, ctx.mem.close)
         return ctx
 
     @staticmethod

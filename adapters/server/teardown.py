@@ -1,0 +1,122 @@
+"""A big call's objects freed a slice at a time after its request context closes.
+
+jaclang's anchors are cycles (an anchor and its archetype point at each other, a node at its edges
+and they at it), so when a request's context closes nothing of its call is freed until Python's
+cyclic collector makes a full collection. After a 40,000-message ingestion that is 1.4 million
+objects in one collection of about 1 s (0.7-3.4 s by the load) that holds every thread of the
+server: every other user's call in progress then waited for it (docs/performance.md, "Many users,
+measured again"). So the server's request contexts (adapters/server/plugin.py) close through
+`close_untied`: a working set of at least UNTIE_AT_LEAST anchors is handed to a thread that breaks
+its cycles UNTIE_SLICE anchors at a time (each anchor emptied, its archetype's cached pointer back
+at it dropped), so reference counting frees each slice, and that gives way to the calls in progress
+between slices as a long call does (engine/courtesy.jac `background_pass`: full collections wait
+for it). Nothing of a closed context is used again, but for the root jac-scale keeps for the
+process (`_process_cache['system_root']`) and what its edges reach: roots and the anchors a root's
+edges reach are left as they are.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import threading
+import time
+from typing import Any
+
+from jaclang.jac0core.archetype import NodeAnchor, Root
+
+__all__ = ["UNTIE_AT_LEAST", "UNTIE_SLICE", "close_untied", "untie_in_slices"]
+
+logger = logging.getLogger("contextrender.server")
+
+# Anchors of a working set from which its close frees it in slices (an ordinary call has tens to
+# hundreds; a 40,000-message ingestion about 150,000), and anchors untied between two give-way points.
+UNTIE_AT_LEAST = 10_000
+UNTIE_SLICE = 500
+# Seconds the full collection after the slices waits at most for a moment with no call in progress.
+IDLE_AT_MOST = 10.0
+
+
+def close_untied(memory: Any, close: Any) -> None:
+    """`close` (the working set's own), then a big working set's anchors untied in slices in a
+    thread of their own; full collections wait from before the close until the last slice."""
+    anchors = list(memory.__mem__.values()) if len(memory.__mem__) >= UNTIE_AT_LEAST else []
+    if not anchors:
+        close()
+        return
+    from contextrender import core
+
+    turn = core.background_pass()  # counted from here: no full collection before the slices are done
+    try:
+        close()
+    except BaseException:
+        core.CALLS.leave(turn)
+        raise
+    threading.Thread(target=untie_in_slices, args=(anchors, turn), name="contextrender-untie", daemon=True).start()
+
+
+def untie_in_slices(anchors: list, turn: Any = None) -> None:
+    """Break the cycles of `anchors` (a closed context's), UNTIE_SLICE at a time, giving way between
+    slices under `turn` (then ended: `CALLS.leave`); each slice is dropped from the list once untied,
+    so what nothing else holds is freed as the slices go."""
+    from contextrender import core
+
+    token = core.TURN.set(turn) if turn is not None else None
+    (began, count) = (time.monotonic(), len(anchors))
+    try:
+        kept = _left_as_they_are(anchors)
+        for start in range(0, len(anchors), UNTIE_SLICE):
+            for i in range(start, min(start + UNTIE_SLICE, len(anchors))):
+                anchor = anchors[i]
+                anchors[i] = None
+                if id(anchor) not in kept:
+                    _untie(anchor)
+            del anchor
+            core.give_way()
+        untied = time.monotonic() - began
+        if turn is not None:
+            collected = _collect_when_idle()
+            logger.info("a closed request context's %d anchors untied in %.2f s; then a full collection: %d objects, %.2f s",
+                        count, untied, collected[0], collected[1])
+    finally:
+        if token is not None:
+            core.TURN.reset(token)
+            core.CALLS.leave(turn)
+
+
+def _collect_when_idle() -> tuple[int, float]:
+    """One full collection of what the slices left to the cyclic collector (the call's walkers still
+    hold their visit lists, and they and their anchors are cycles), made at the first moment no other
+    call is in progress (this pass is counted: one), or after IDLE_AT_MOST seconds; the objects it
+    freed and its seconds."""
+    from contextrender import core
+
+    deadline = time.monotonic() + IDLE_AT_MOST
+    while core.CALLS.running > 1 and time.monotonic() < deadline:
+        time.sleep(0.002)
+    began = time.monotonic()
+    return gc.collect(), time.monotonic() - began
+
+
+def _left_as_they_are(anchors: list) -> set[int]:
+    """The roots among `anchors` (the process's system root among them, which jac-scale puts in
+    every context), and the edges and nodes their edge lists reach: held beyond the context."""
+    kept: set[int] = set()
+    for anchor in anchors:
+        if isinstance(anchor, NodeAnchor) and isinstance(anchor.archetype, Root):
+            kept.add(id(anchor))
+            for edge in anchor.edges:
+                kept.update((id(edge), id(edge.source), id(edge.target)))
+    return kept
+
+
+def _untie(anchor: Any) -> None:
+    """`anchor` emptied: its archetype's pointer back at it dropped, then its own fields (its edges,
+    or its nodes, its archetype, its id and access). The call's walkers still list the nodes they
+    visited (a walker and its anchor are a cycle of their own, out of this working set's reach):
+    what they keep for the collector is then an empty shell per node, not its fields."""
+    archetype = getattr(anchor, "archetype", None)
+    if archetype is not None:
+        # jaclang's `__jac__` is a cached property: the archetype's pointer back at its anchor.
+        vars(archetype).pop("__jac__", None)
+    vars(anchor).clear()

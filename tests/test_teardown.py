@@ -1,0 +1,129 @@
+"""adapters/server/teardown.py: a big call's working set freed by reference counting, in slices,
+after the server's request context closes (no full collection of the cyclic collector needed)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+# A request context as the server's plugin makes it, a user root with a chain of `nodes` nodes
+# under it (each an anchor and archetype in a cycle, each edge in one with its nodes), closed with
+# the cyclic collector off: how many of the nodes are still alive once the close's slices are
+# done, whether the first node (its root's edge reaches it) is as it was, and the collector's
+# thresholds and the counted calls after.
+PROBE = """
+import gc, sys, threading, weakref
+from contextrender.jaclang_setup import import_jaclang
+import_jaclang()
+from contextrender.server.plugin import register_server
+assert register_server()
+from contextrender.server import teardown
+teardown.UNTIE_AT_LEAST = int(sys.argv[2])
+untie, third = teardown.untie_in_slices, []
+def spy(anchors, turn):
+    third.append(gc.get_threshold()[2])  # the collector's third threshold as the slices begin
+    untie(anchors, turn)
+teardown.untie_in_slices = spy
+import jaclang.lib as L
+from jaclang.jac0core.runtime import plugin_manager, JacRuntime
+from contextrender import core
+
+class Item(L.Node):
+    pass
+
+ctx = plugin_manager.hook.create_j_context(user_root=None, base_path_dir=None, full_target_path=None)
+token = JacRuntime.push_request_context(ctx)
+user = L.Root()
+ctx.mem.put(user.__jac__)
+ctx.user_root = user.__jac__
+gc.disable()
+first = previous = Item()
+L.connect(L.root(), first)
+refs = []
+for i in range(int(sys.argv[1])):
+    node = Item()
+    L.connect(previous, node)
+    refs.append(weakref.ref(node))
+    previous = node
+del node, previous
+JacRuntime.reset_request_context(token)
+thresholds = gc.get_threshold()
+ctx.close()
+for thread in threading.enumerate():
+    if thread.name == "contextrender-untie":
+        thread.join()
+del ctx
+print(sum(r() is not None for r in refs), first.__jac__.archetype is first and len(first.__jac__.edges) == 2,
+      bool(third) and third[0] > thresholds[2], gc.get_threshold() == thresholds, core.CALLS.running, core.CALLS.holding)
+"""
+
+
+def probe(nodes: int, untie_at_least: int, tmp_path) -> list[str]:
+    done = subprocess.run([sys.executable, "-c", PROBE, str(nodes), str(untie_at_least)], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout.strip().splitlines()[-1].split()
+
+
+def test_a_big_working_set_is_freed_without_a_full_collection(tmp_path):
+    """2,000 nodes (over a threshold of 1,000 anchors): every one freed by reference counting once
+    the slices are done, the cyclic collector off throughout; full collections were held from the
+    close until then and are given back; the node its root's edge reaches is left as it was."""
+    (alive, first_intact, held, given_back, running, holding) = probe(2000, 1000, tmp_path)
+    assert alive == "0"
+    assert first_intact == "True"
+    assert (held, given_back, running, holding) == ("True", "True", "0", "0")
+
+
+def test_an_ordinary_working_set_closes_as_before(tmp_path):
+    """Under the threshold nothing is untied (the collector frees it as before) and nothing held."""
+    (alive, first_intact, held, given_back, running, holding) = probe(200, 1000, tmp_path)
+    assert alive == "200"
+    assert (first_intact, held, given_back, running, holding) == ("True", "False", "True", "0", "0")
+
+
+def test_the_full_collection_after_the_slices_waits_for_a_moment_without_calls(monkeypatch):
+    """What the slices leave to the cyclic collector is collected once, when no other call is in
+    progress: not while one is, and at once when it ends."""
+    import gc
+    import threading
+    import time
+    from types import SimpleNamespace
+
+    from contextrender import core
+    from contextrender.server import teardown
+
+    full: list[float] = []
+    sliced = threading.Event()  # the slices are done: the pass is at its collection
+    collect_when_idle = teardown._collect_when_idle
+
+    def at_the_collection() -> tuple[int, float]:
+        sliced.set()
+        return collect_when_idle()
+
+    monkeypatch.setattr(teardown, "_collect_when_idle", at_the_collection)
+
+    def counted(phase: str, info: dict) -> None:
+        if phase == "stop" and info["generation"] == 2:
+            full.append(time.monotonic())
+
+    core.CALLS.enter()  # another call, in progress
+    other_ended = None
+    gc.callbacks.append(counted)
+    try:
+        turn = core.background_pass()
+        pass_ = threading.Thread(target=teardown.untie_in_slices, args=([SimpleNamespace(archetype=None) for _ in range(10)], turn))
+        pass_.start()
+        assert sliced.wait(timeout=30)
+        time.sleep(0.2)
+        assert full == [], "a full collection ran while another call was in progress"
+        other_ended = time.monotonic()
+        core.CALLS.leave()
+        pass_.join(timeout=10)
+        assert not pass_.is_alive()
+        assert len(full) == 1 and full[0] >= other_ended
+    finally:
+        gc.callbacks.remove(counted)
+        if other_ended is None:
+            core.CALLS.leave()
+    assert core.CALLS.holding == 0
