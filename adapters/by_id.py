@@ -38,10 +38,8 @@ __all__ = ["LinkedById", "links_by_id", "merge_by_id"]
 
 
 def links_by_id(intent: WriteIntent) -> bool:
-    """Whether `intent` adds edges to a stored node by its id alone: an edge-list delta on an
-    unloaded node (a stub that holds only its id)."""
-    anchor = intent.anchor
-    return intent.op == WriteOp.EDGE_LIST_DELTA and isinstance(anchor, NodeAnchor) and not anchor.is_populated()
+    """Whether `intent` adds edges to a stored node by its id alone (`LinkedById.record_link_by_id`)."""
+    return intent.op == WriteOp.EDGE_LIST_DELTA and getattr(intent, "linked_by_id", False)
 
 
 def merge_by_id(store: Any, conn: sqlite3.Connection, intent: WriteIntent) -> None:
@@ -75,6 +73,15 @@ class LinkedById:
     (`links_by_id`), its store merges them (`merges_edge_ids`) and no cache tier holds nodes."""
 
     links_by_id = True
+
+    def record_link_by_id(self, stub: NodeAnchor, edge_id: Any) -> None:
+        """Record edge `edge_id` added to the stored node `stub` stands for (a stub holding only its
+        id), as an edge-list delta marked as added by id. Marked on the intent, not told by the stub
+        being unloaded: a traversal in the same call that resolves an edge's target populates the
+        stub in place, and its delta must still be merged by id (or, the node loaded, given to the
+        node: `_loaded_since`)."""
+        self.changes.record_edge_delta(stub, [edge_id], [])
+        self.changes.intents[stub.id].linked_by_id = True
 
     def _loaded_since(self, changes: ChangeSet) -> None:
         """A node given edges by id that the call loaded afterwards gets them as a link would have

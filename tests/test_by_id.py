@@ -134,6 +134,38 @@ def test_a_result_is_linked_by_id_only_when_the_callers_root_may_connect_to_it(t
     l3.close()
 
 
+def test_a_result_linked_by_id_and_reached_later_in_the_same_call_keeps_its_edge(tmp_path, monkeypatch):
+    """The session's index dropped between the ingestion and the render (as another call's put
+    over the cache's size does): the render rebuilds it from the graph in the same call, which
+    resolves the targets of the operations' edges, populating the stubs linked by id in place.
+    Their edges are still merged by id: every Reuses edge in its result's edge list."""
+    import walkers.render as render_module
+    from engine.index import SESSION_CACHE, index_key
+
+    check = render_module.stop_if_client_left
+
+    def dropped(where, session):  # noqa: ANN001, ANN202
+        check(where, session)
+        if where == "between ingestion and the render":
+            SESSION_CACHE.drop(index_key(session))
+
+    monkeypatch.setattr(render_module, "stop_if_client_left", dropped)
+    import walkers.ingest as ingest_module
+
+    linked: list = []
+    link_by_id = ingest_module._link_by_id
+    monkeypatch.setattr(ingest_module, "_link_by_id", lambda *args: link_by_id(*args) and not linked.append(args[1]))
+    engine = Engine(tmp_path / "store")
+    messages = trace_prefix(turns=14)
+    for end in range(4, len(messages) + 3, 3):
+        engine.render("s", messages[:end], budget=3000)
+    with sqlite3.connect(_db(tmp_path)) as conn:
+        rows = {key: json.loads(data) for (key, data) in conn.execute("SELECT id, data FROM anchors")}
+    reuses = [key for (key, data) in rows.items() if data["archetype"]["__type__"] == "Reuses"]
+    assert len(linked) > 4 and len(reuses) > 4
+    assert [key for key in reuses if key not in rows[rows[key]["target"]]["edges"]] == []
+
+
 def _db(tmp_path) -> str:  # noqa: ANN001
     return str(next((tmp_path / "store").rglob("*.db")))
 
