@@ -43,7 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from contextrender import Engine  # noqa: E402
 from contextrender_eval.evaluate import reuse_events, visible_results  # noqa: E402
-from contextrender_eval.replay import load_traces  # noqa: E402
+from contextrender_eval.replay import assistant_turns, load_traces  # noqa: E402
 
 
 FULL: dict = {}
@@ -149,13 +149,7 @@ def main(argv: list[str] | None = None) -> None:
         at_rerender: dict[int, str] = {}
         last_reuse: dict[str, int] = {}
         last_turn = -1
-        done = 0
-        for j, message in enumerate(messages):
-            if message["role"] != "assistant":
-                continue
-            if messages[done:j]:
-                engine.ingest(session, messages[done:j], append=True)
-            done = j
+        for j, _ in assistant_turns(engine, session, messages):
             result = engine.render_variants(session, [request])[0]
             plan = last_plan(session) if result.selected else None
             if plan is not None and result.mode == "re-render":

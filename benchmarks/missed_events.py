@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from contextrender import Engine  # noqa: E402
 from contextrender.core import get_tokenizer  # noqa: E402
 from contextrender_eval.evaluate import age_bin, reuse_events, visible_results  # noqa: E402
-from contextrender_eval.replay import load_traces  # noqa: E402
+from contextrender_eval.replay import assistant_turns, load_traces  # noqa: E402
 
 
 def parse_variant(text: str) -> dict:
@@ -64,13 +64,7 @@ def main() -> None:
         # Each result's latest reuse (the assistant turn), and the assistant turn before this one.
         last_reuse: dict[str, int] = {}
         last_turn = -1
-        done = 0
-        for j, message in enumerate(messages):
-            if message["role"] != "assistant":
-                continue
-            if messages[done:j]:
-                engine.ingest("t", messages[done:j], append=True)
-            done = j
+        for j, _ in assistant_turns(engine, "t", messages):
             results = engine.render_variants("t", [dict(v, budget=args.budget) for v in variants], explain=True)
             total += len(events[j])
             for i, result in enumerate(results):
