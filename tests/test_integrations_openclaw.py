@@ -76,6 +76,10 @@ def test_every_model_call_is_within_b_commit_turn_is_idempotent_and_a_restore_re
     key = "agent:main:chat-7"
     with Client(jac_server.url) as client:
         client.register("openclaw-user", "secret-password-3")
+        # The defaults before 2026-12-06 (no hysteresis, headroom 0.5): with them the last call
+        # shows the early reads as stubs naming their handles, and a stub's restore is what this
+        # test is about; with the hysteresis the early turns fold into the index instead.
+        client.configure(f"openclaw-{key}", stickiness=0.0, sticky_to="shown", headroom=0.5)
         # One assemble per model call of the tool loop, each with the history so far; the host
         # gives its own (large) context window as tokenBudget, the plugin's budget is B.
         ops = [{"op": "assemble", "sessionId": "sess-1", "sessionKey": key, "messages": messages[:end], "tokenBudget": 200000}

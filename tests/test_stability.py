@@ -63,7 +63,9 @@ def test_stable_is_the_default_and_appends_keep_the_previous_request_as_a_prefix
 
 def test_re_render_happens_when_the_append_would_exceed_the_budget_and_leaves_headroom(engine):
     budget = 1200
-    results = replay(engine, session(24), budget, headroom=0.4, cache_value=0.0)
+    # (No hysteresis, as before 2026-12-06: with it the newest step's results are kept beyond the
+    # cap, and these steps re-render every time; that guard is tested below.)
+    results = replay(engine, session(24), budget, headroom=0.4, cache_value=0.0, stickiness=0.0)
     rerenders = [(b, a) for b, a in zip(results, results[1:]) if a.mode == "re-render" and b.mode == "append"]
     assert rerenders
     for before, after in rerenders:
@@ -88,11 +90,15 @@ def test_explain_says_append_or_re_render_and_why(engine):
     over-budget render is a re-render; the next ones append until the budget is reached)."""
     budget = 1600
     messages = session(24)
+    # (The defaults before 2026-12-06, no hysteresis: a re-render's kept results are then all the
+    # selection's; the newest step's, kept before it with the hysteresis, say so in their own
+    # words, tested below.)
+    old = {"headroom": 0.5, "stickiness": 0.0, "sticky_to": "shown"}
     explained_modes = []
     for j, message in enumerate(messages + [assistant("done")]):
         if message["role"] != "assistant" or j == 0:
             continue
-        result = engine.render("s", messages[:j], budget=budget)
+        result = engine.render("s", messages[:j], budget=budget, **old)
         explained = engine.explain("s")
         assert explained.mode == result.mode and explained.mode_reason == result.mode_reason, j
         assert engine.get_session("s")["last_render"]["mode"] == result.mode
@@ -207,7 +213,8 @@ def test_hysteresis_keeps_what_the_previous_render_showed(tmp_path):
         assert later.mode == "re-render" and "exceed the budget" in later.mode_reason
         return [{d.call_id: d.status for d in r.decisions} for r in (first, later)]
 
-    plain, sticky = run("plain", 0.0), run("sticky", 1.0)
+    # (`sticky_to` "shown", the default before 2026-12-06: every result the previous request showed.)
+    plain, sticky = run("plain", 0.0), run("sticky", 1.0, sticky_to="shown")
     assert plain == [{"a": "omitted", "b": "kept", "c": "kept"}, {"a": "kept", "b": "omitted", "c": "kept", "d": "omitted"}]
     assert sticky == [{"a": "omitted", "b": "kept", "c": "kept"}, {"a": "omitted", "b": "kept", "c": "kept", "d": "omitted"}]
     # `sticky_to` "used": b and c were shown but never used, so nothing holds them: the paper's choice.
@@ -222,7 +229,8 @@ def test_hysteresis_never_displaces_the_newest_steps_result(tmp_path):
     stickiness, b and c are favoured, yet the result just asked for is kept in view first (from
     B's room beyond the cap, here none), and the hysteresis keeps one of them in the slot left."""
     budget = 740
-    settings = dict(w_relevance=0.0, similarity_penalty=0.0, headroom=0.0, cache_value=0.0, prose_share=1.0)
+    # (`sticky_to` "shown", the default before 2026-12-06: b and c, shown and never used, are favoured.)
+    settings = dict(w_relevance=0.0, similarity_penalty=0.0, headroom=0.0, cache_value=0.0, prose_share=1.0, sticky_to="shown")
     engine = Engine(tmp_path / "sticky")
     messages = [user("compare")]
     for name in ("a", "b", "c"):
