@@ -119,14 +119,27 @@ def relay(
     plain = encoding in ("", "identity")
     stream = fmt.reader()
     pending = Pending()
+    recorded = False
+
+    def record() -> None:
+        # The answer is recorded as soon as the protocol's final event is read, before the agent
+        # gets it: an agent that closes the connection at that event (the SDKs stop reading there)
+        # while the upstream's body has not ended yet must not lose it, and it is recorded before
+        # the agent can send its next request.
+        nonlocal recorded
+        if not recorded:
+            recorded = True
+            pending.add(on_answer(stream.answer(), stream.usage))
 
     async def chunks() -> AsyncIterator[bytes]:
         failure: Exception | None = None
         try:
             async for chunk in response.aiter_raw():
-                yield chunk
                 if wants_answer and decoder.ok:
                     stream.feed(decoder.feed(chunk))
+                    if stream.done:
+                        record()
+                yield chunk
         except httpx.HTTPError as exc:  # headers are sent: the stream can only end as a failure
             failure = exc
         finally:
@@ -134,9 +147,7 @@ def relay(
         if wants_answer and decoder.ok:
             stream.feed(b"\n\n")
             if stream.done:
-                # Runs before the response's last frame is sent: the answer is recorded before
-                # the agent can send its next request.
-                pending.add(on_answer(stream.answer(), stream.usage))
+                record()
                 return
             message = cut_message(upstream, failure)
             log.warning("%s", message)
