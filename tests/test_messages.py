@@ -77,3 +77,16 @@ def test_a_resent_history_with_a_changed_message_far_in_is_checked_there(monkeyp
     (_, chain) = messages_module.split_messages(resent + [user("new")], stored)
     assert chain == resent[1:] + [user("new")]
     assert seen == ["messages[0]", "messages[1]", "messages[70]", "messages[105]"]
+
+
+def test_the_chain_holds_the_stored_objects_for_the_messages_equal_to_them():
+    # Ingestion compares the chain with the stored one again (engine/messages.jac split_messages):
+    # the same objects make that a pointer comparison a message, not a deep one.
+    stored = HISTORY[1:] + [user(f"turn {i}") for i in range(100)]
+    resent = [HISTORY[0]] + [dict(m) for m in stored]
+    resent[40] = user("changed")
+    (_, chain) = messages_module.split_messages(resent + [user("new")], stored)
+    assert chain == resent[1:] + [user("new")]
+    # The first chain message is checked (it decides where the chain starts), and the changed one.
+    assert all(chain[k] is stored[k] for k in range(1, len(stored)) if k != 39)
+    assert chain[0] is resent[1] and chain[39] is resent[40]
