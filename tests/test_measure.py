@@ -86,6 +86,27 @@ def test_embedding_word_by_word_gives_the_vectors_of_the_tokenizers_ids(monkeypa
     assert np.array_equal(embedder.embed(texts), ours)
 
 
+def test_pooling_gives_numpys_mean_of_the_token_rows_to_the_bit(monkeypatch: pytest.MonkeyPatch):
+    """The rows summed in one reused buffer and divided at the end: the bits of
+    `table[clipped ids].mean(axis=0)` for each text (the pooling before), in batches too."""
+    import engine.measure as measure
+
+    embedder = get_embedder()
+    table = embedder._wordllama.embedding
+    texts = _trace_texts()[:3000] + ["", "x", "<s> special", "a much longer text " * 500]
+
+    def mean_of(text: str) -> np.ndarray:
+        ids = embedder._text_ids(text)
+        if not ids:
+            return np.zeros(table.shape[1], dtype=np.float32)
+        return table[np.clip(np.asarray(ids, dtype=np.int64), 0, table.shape[0] - 1)].mean(axis=0)
+
+    expected = np.stack([mean_of(t) for t in texts]).view(np.uint32)
+    assert np.array_equal(embedder._embed_wordllama(texts).view(np.uint32), expected)
+    monkeypatch.setattr(measure, "ENCODE_BATCH", 7)
+    assert np.array_equal(embedder._embed_wordllama(texts).view(np.uint32), expected)
+
+
 JOINED_CASES = [
     ["the task: fix the bug in a.py", "THOUGHT: read it\n```bash\ncat a.py\n```"],
     ["ends with a dot.", " starts with a space"],
