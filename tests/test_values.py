@@ -36,3 +36,36 @@ def test_length_and_character_filter():
 
 def test_recall_tokens_allow_titlecase_but_need_upper_or_underscore():
     assert recall_tokens("Kathryn tr_solo lowercaseword gmail.com C142XYZ ab_c") == {"Kathryn", "tr_solo", "C142XYZ"}
+
+
+def _spec_values(text: str) -> set[str]:
+    """Appendix A.1 as written: candidates, stripped, >= 6 characters, a mark, not titlecase."""
+    import re
+
+    values = set()
+    for candidate in set(re.findall(r"[A-Za-z0-9][A-Za-z0-9_.\-]{4,}", text)):
+        value = candidate.strip("._-")
+        if len(value) >= 6 and re.search(r"[_A-Z0-9.\-]", value) and not re.fullmatch(r"[A-Z][a-z]+", value):
+            values.add(value)
+    return values
+
+
+def test_values_kept_by_candidate_are_the_specs_on_the_recorded_traces(monkeypatch):
+    import json
+
+    import engine.values as values_module
+    from tests.conftest import TRACES
+
+    texts = ["", "__init__ __init__.py ...x...", "A" * 70 + " " + "-" * 9 + "abcdef_1-" + " Django v1.2.3-rc1"]
+    for path in sorted(TRACES.glob("*.jsonl")):
+        for line in path.read_text().splitlines()[:60]:
+            for message in json.loads(line)["messages"]:
+                texts.append(message["content"] if isinstance(message.get("content"), str) else "")
+                texts += [c["function"]["arguments"] for c in message.get("tool_calls") or []]
+    expected = [_spec_values(text) for text in texts]
+    for _ in range(2):  # kept, then from what is kept
+        assert [extract_values(text) for text in texts] == expected
+    monkeypatch.setattr(values_module, "VALUE_CACHE_CHARS", 50)  # forgotten again and again
+    values_module._values_of.clear()
+    assert [extract_values(text) for text in texts] == expected
+    assert sum(map(len, values_module._values_of)) <= 50
