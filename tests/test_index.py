@@ -205,3 +205,20 @@ def test_each_assistant_event_keeps_the_results_its_operations_were_attributed_t
     ])
     assert index.reuse_sources == {2: [0], 4: [0, 1]}
     assert index.reuse_sources[4] == sorted({m.result for m in matches[4]})
+
+
+def test_a_messages_footprint_is_the_estimate_of_its_decoded_json():
+    import engine.index as index_module
+
+    json_bytes = vars(index_module).get("_json_bytes") or next(
+        m._json_bytes for m in __import__("sys").modules.values() if hasattr(m, "_json_bytes")
+    )
+    # A dict: 64 + 100 an entry; a list: 56 + 8 a slot; a string 49 + its length; a number 28.
+    assert json_bytes({"role": "tool", "tool_call_id": "c1", "content": "abc"}) == 64 + 3 * 100 + 53 + 51 + 52
+    message = assistant(None, call("c1", "read", {"path": "a.py"}))
+    calls = message["tool_calls"]
+    function = calls[0]["function"]
+    expected_function = 64 + 2 * 100 + 49 + len(function["name"]) + 49 + len(function["arguments"])
+    expected_call = 64 + 100 * len(calls[0]) + 49 + 2 + 49 + len(calls[0]["type"]) + expected_function
+    assert json_bytes(message) == 64 + 100 * len(message) + 49 + len("assistant") + (0 if message["content"] is None else 49 + len(message["content"])) + 56 + 8 + expected_call
+    assert json_bytes([1, None, True, 2.5]) == 56 + 4 * 8 + 28 + 0 + 0 + 28
