@@ -90,3 +90,24 @@ def test_the_chain_holds_the_stored_objects_for_the_messages_equal_to_them():
     # The first chain message is checked (it decides where the chain starts), and the changed one.
     assert all(chain[k] is stored[k] for k in range(1, len(stored)) if k != 39)
     assert chain[0] is resent[1] and chain[39] is resent[40]
+
+
+def test_ingestion_answers_the_same_for_an_edit_a_shortening_and_equal_copies(engine):
+    import copy
+
+    history = HISTORY + [user(f"turn {i}") for i in range(40)]
+    engine.ingest("s", history)
+    # Equal, not the same objects (as a server parses them): nothing written, then one new event.
+    same = engine.ingest("s", copy.deepcopy(history))
+    assert (same.added, same.forked_at, same.resent) == (0, -1, -1)
+    grown = engine.ingest("s", copy.deepcopy(history) + [user("new")])
+    assert (grown.added, grown.forked_at) == (1, -1)
+    # Shortened: a resend of an earlier turn.
+    short = engine.ingest("s", copy.deepcopy(history[:20]))
+    assert (short.added, short.forked_at, short.resent) == (0, -1, 19)
+    # Edited in the middle: a fork there, the rest written again after it.
+    edited = copy.deepcopy(history) + [user("new")]
+    edited[25] = user("edited")
+    fork = engine.ingest("s", edited)
+    assert (fork.forked_at, fork.added) == (24, len(edited) - 1 - 24)
+    assert engine.get_session("s")["events"] == len(edited) - 1
