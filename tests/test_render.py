@@ -289,9 +289,13 @@ def test_the_fold_index_names_every_folded_result_it_has_room_for(engine):
     for call_id in folded:
         if call_id not in shown:
             assert re.search(rf"(?<!\w){handles[call_id]}(?!\w)", text), (call_id, text)
-    # The newest folded result is described by its call's command too.
+    # The newest folded result is described by its call's command too, unless it is shown in
+    # full above the index (which names only what is left out).
     newest = folded[-1]
-    assert f"{handles[newest]} run: pytest tests/t{newest[1:]}.py" in text
+    if newest in shown:
+        assert not re.search(rf"(?<!\w){handles[newest]}(?!\w)", text), text
+    else:
+        assert f"{handles[newest]} run: pytest tests/t{newest[1:]}.py" in text
     assert_sound(result, budget)
 
 
@@ -310,7 +314,9 @@ def test_the_fold_index_names_each_result_with_what_produced_it_as_far_as_its_sh
     for call_id in folded:
         if call_id not in shown:
             assert re.search(rf"(?<!\w){handles[call_id]}(?!\w)", text), (call_id, text)
-    newest = folded[-1]
+    # (The newest folded results may be shown in full above the index, which names only what
+    # is left out: the newest of those left out.)
+    newest = [c for c in folded if c not in shown][-1]
     assert f" {handles[newest]} (pytest tests/t{newest[1:]}" in text
     wide = fold_index_text(engine.render("w", messages, budget=budget, fold_index_label=40))
     assert f" {handles[newest]} (pytest tests/t{newest[1:]}.py)" in wide
@@ -327,6 +333,8 @@ def test_an_index_the_prose_share_cannot_hold_takes_the_headroom_not_the_results
     long task, cut to its share, above the marker); the rest of it comes from B beyond the
     re-render's cap, not from the results. With "prose" it came from the results: one complete
     result fewer here."""
+    import re
+
     messages = [user("fix the bug " + filler("t", 400))] + folded_session(10)[1:] + [user("now run the tests again")]
     budget = 1500
 
@@ -337,7 +345,11 @@ def test_an_index_the_prose_share_cannot_hold_takes_the_headroom_not_the_results
     prose = engine.render("prose", messages, budget=budget, fold_index_room="prose", task_share=1.0)
     spill = engine.render("spill", messages, budget=budget, fold_index_room="spill", task_share=1.0)
     assert prose.folded_messages == spill.folded_messages > 0
-    assert fold_index_text(spill) and fold_index_text(spill) == fold_index_text(prose)
+    # The same index, less the results each shows in full above it (it names what is left out).
+    listed = lambda result: set(re.findall(r"(?<!\w)r\d+(?!\w)", fold_index_text(result)))
+    whole = lambda result: {f"r{int(m['tool_call_id'][1:]) + 1}" for m in history_of(result) if m["role"] == "tool" and "omitted to fit" not in str(m["content"])}
+    assert listed(spill) and listed(spill) | (listed(prose) & whole(spill)) == listed(prose) | (listed(spill) & whole(prose))
+    assert not listed(spill) & whole(spill) and not listed(prose) & whole(prose)
     assert complete(spill) == complete(prose) + 1
     for result in (prose, spill):
         assert_sound(result, budget)
@@ -399,17 +411,23 @@ def test_the_fold_index_in_the_marker_when_placed_there(engine):
     assert_sound(inside, budget)
 
 
-def test_results_smaller_than_their_restore_call_are_not_listed(engine):
+def test_results_smaller_than_their_restore_call_are_not_listed(engine, monkeypatch):
+    from engine.plan import RenderPlan
+
     messages = folded_session(10)
     # c1 answered with next to nothing: a restore call would cost more than it holds.
     messages[4] = tool("c1", "ok")
     budget = 1500
+    # What each index is made to list (its order), before the results shown above it are taken out.
+    made = []
+    listed = RenderPlan.listed_marker
+    monkeypatch.setattr(RenderPlan, "listed_marker", lambda plan, order, cap: made.append({plan.index.result_handle[r] for r in order}) or listed(plan, order, cap))
     result = engine.render("s", messages, budget=budget, explain=True)
     handles = {d.call_id: d.handle for d in result.decisions}
     assert result.folded_messages > 4
-    assert f" {handles['c1']}" not in fold_index_text(result) and f" {handles['c0']}" in fold_index_text(result)
-    listed = engine.render("t", messages, budget=budget, fold_index_small=True)
-    assert f" {handles['c1']}" in fold_index_text(listed)
+    assert handles["c1"] not in made[-1] and handles["c0"] in made[-1] and f" {handles['c0']}" in fold_index_text(result)
+    engine.render("t", messages, budget=budget, fold_index_small=True)
+    assert handles["c1"] in made[-1]
 
 
 def test_in_the_prose_share_the_index_takes_its_own_size(engine):
@@ -870,3 +888,40 @@ def test_a_fold_index_listed_by_reuse_is_made_again_only_when_its_order_changes(
     later = messages + [assistant("again", call("c_again", "run", {"command": "OUT_0"})), tool("c_again", "done"), user("go")]
     engine.render("s", later, budget=1500, policy="per-call", fold_index_order="reused")
     assert len(made) == 2
+
+
+def _reads(rounds: int) -> list[dict]:
+    """An agent reading one file a step (OpenClaw's test transcript, as chat messages)."""
+    messages = [user("Read the files and fix the bug.")]
+    for i in range(rounds):
+        body = " ".join(f"file_{i}_line_{j} = value_{j}" for j in range(40))
+        messages += [assistant(f"Reading file {i}.", call(f"call_{i}", "read", {"path": f"src/f{i}.py"})), tool(f"call_{i}", body)]
+    return messages
+
+
+@pytest.mark.parametrize("settings", [{}, {"fold_index_place": "marker"}, {"fold_index_digest": 40}, {"fold_index_label": 0}])
+def test_the_fold_index_never_lists_a_result_shown_in_full(engine, settings):
+    """The index names the folded results left out: a selected result of a folded turn, shown
+    in full above it, is not listed (the marker's index is laid out before the selection); the
+    ones left out still are, and the render stays within B."""
+    import re
+
+    from engine.notices import FOLD_INDEX_HEADING
+
+    messages = _reads(10)
+    budget = 1500
+    handle = lambda call_id: f"r{int(call_id.split('_')[1]) + 1}"
+    folded_shown = 0
+    for end in range(3, len(messages) + 1, 2):
+        result = engine.render("s", messages[:end], budget=budget, explain=True, **settings)
+        assert_sound(result, budget)
+        text = "\n".join(str(m["content"]) for m in result.messages if m["role"] == "user" and FOLD_INDEX_HEADING in str(m["content"]))
+        listed = set(re.findall(r"(?<![\w/])(r\d+)(?!\w)", text.partition(FOLD_INDEX_HEADING)[2]))
+        whole = {m["tool_call_id"] for m in result.messages if m["role"] == "tool" and "omitted to fit" not in str(m["content"])}
+        assert not listed & {handle(c) for c in whole}, (end, sorted(listed), sorted(whole))
+        folded = {d.call_id for d in result.decisions if messages.index(next(m for m in messages if m.get("tool_call_id") == d.call_id)) < result.folded_messages}
+        folded_shown += len(folded & whole)
+        if text and settings.get("fold_index_digest", 0) == 0:
+            # Every folded result left out is still named (the index has room for all ten here).
+            assert {handle(c) for c in folded - whole} <= listed, (end, sorted(listed), sorted(folded - whole))
+    assert folded_shown > 0
