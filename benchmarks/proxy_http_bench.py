@@ -2,7 +2,7 @@
 work, so that what is measured is the request path around the Engine (uvicorn, the ASGI app, the
 body's parsing, the thread hop, the forward upstream with httpx, the response).
 
-    .venv/bin/python benchmarks/proxy_http_bench.py [--conversations 4] [--rounds 3] [--checkout PATH]
+    .venv/bin/python benchmarks/proxy_http_bench.py [--conversations 4] [--rounds 3] [--checkout PATH] [--plain-server]
 
 The proxy runs in its own process (`serve`: this script, in the checkout's folder with its .venv),
 with `create_app` over a backend whose render returns the system prompt and the last 12 messages of
@@ -11,7 +11,8 @@ and whose ingestion stores nothing. The client replays the peer bench's conversa
 (benchmarks/peer_proxy_bench.py: the longest mini-SWE-agent conversations of ../shared/traces, turn
 by turn) through it against the fake upstream in this process, and prints the proxy process's CPU
 time per request (/proc, user + system). `--checkout PATH`: the same proxy from another checkout,
-alternated with this one in every round.
+alternated with this one in every round; `--plain-server`: this checkout's proxy also served on
+asyncio's own loop with h11 (what uvicorn picks where uvloop and httptools are not installed).
 """
 
 from __future__ import annotations
@@ -58,14 +59,16 @@ class NullBackend:
         return {"text": ""}
 
 
-def serve(upstream: str, port: int) -> None:
+def serve(upstream: str, port: int, plain: bool) -> None:
     import uvicorn
 
     from contextrender.limits import uvicorn_settings
     from contextrender.proxy.app import create_app
 
     app = create_app(NullBackend(), upstream, 6000)
-    uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", **uvicorn_settings())
+    # `plain`: asyncio's own loop and h11, as uvicorn serves where uvloop and httptools are not installed.
+    served = dict(uvicorn_settings(), **({"loop": "asyncio", "http": "h11"} if plain else {}))
+    uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", **served)
 
 
 def cpu_split(pid: int) -> tuple[float, float]:
@@ -74,11 +77,12 @@ def cpu_split(pid: int) -> tuple[float, float]:
     return (int(fields[11]) / os.sysconf("SC_CLK_TCK"), int(fields[12]) / os.sysconf("SC_CLK_TCK"))
 
 
-def replay(python: str, folder: Path, fake, talks, port: int) -> dict:
+def replay(python: str, folder: Path, fake, talks, port: int, plain: bool = False) -> dict:
     from proxy_bench import wait_up
 
     url = f"http://127.0.0.1:{port}"
-    proxy = subprocess.Popen([python, str(HERE / "proxy_http_bench.py"), "--serve", fake.base_url, "--port", str(port)],
+    proxy = subprocess.Popen([python, str(HERE / "proxy_http_bench.py"), "--serve", fake.base_url, "--port", str(port)]
+                             + (["--plain"] if plain else []),
                              cwd=folder, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
     try:
         wait_up(f"{url}/contextrender/ready", proxy, timeout=120)
@@ -110,11 +114,14 @@ def main() -> None:
     parser.add_argument("--conversations", type=int, default=4)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--checkout", type=Path, help="also run the proxy of this checkout (its .venv, in its folder), alternated")
+    parser.add_argument("--plain-server", action="store_true",
+                        help="also run this checkout's proxy on asyncio's loop and h11 (no uvloop, no httptools), alternated")
     parser.add_argument("--serve", help=argparse.SUPPRESS)
+    parser.add_argument("--plain", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve:
-        serve(args.serve, args.port)
+        serve(args.serve, args.port, args.plain)
         return
     import logging
 
@@ -125,16 +132,18 @@ def main() -> None:
 
     logging.getLogger("httpx").setLevel(logging.WARNING)
     talks = conversations(args.conversations)
-    runs = [("this checkout", sys.executable, HERE.parent)]
+    runs = [("this checkout", sys.executable, HERE.parent, False)]
     if args.checkout:
-        runs.append((str(args.checkout), str(args.checkout / ".venv" / "bin" / "python"), args.checkout))
-    figures: dict[str, list[float]] = {name: [] for (name, _, _) in runs}
+        runs.append((str(args.checkout), str(args.checkout / ".venv" / "bin" / "python"), args.checkout, False))
+    if args.plain_server:
+        runs.append(("this checkout, asyncio and h11", sys.executable, HERE.parent, True))
+    figures: dict[str, list[float]] = {name: [] for (name, _, _, _) in runs}
     with FakeUpstream() as fake:
         for round_ in range(1, args.rounds + 1):
             shift = (round_ - 1) % len(runs)
-            for (name, python, folder) in runs[shift:] + runs[:shift]:
+            for (name, python, folder, plain) in runs[shift:] + runs[:shift]:
                 fake.requests.clear()
-                row = replay(python, folder, fake, talks, free_port())
+                row = replay(python, folder, fake, talks, free_port(), plain)
                 figures[name].append(row["cpu_ms"])
                 print(f"round {round_}, {name}: {row['requests']} requests, CPU {row['cpu_ms']:.2f} ms per request "
                       f"(user {row['user_ms']:.2f}, system {row['system_ms']:.2f})  "
