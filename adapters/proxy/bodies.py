@@ -138,7 +138,8 @@ def _scan(text: str, last: _Parsed | None, array: str) -> tuple[dict, _Parsed]:
         raise _NotFast  # extra data: json's error
     if any(key == array for (key, _) in before):
         raise _NotFast
-    return dict(pairs), _Parsed(text, array, before, messages, ends)
+    # The list kept is not the one returned: a caller may change its own list.
+    return dict(pairs), _Parsed(text, array, before, list(messages), ends)
 
 
 class Bodies:
