@@ -241,18 +241,22 @@ def test_a_whole_stream_still_ends_cleanly_and_is_stored(engine, upstream, cut_p
     assert engine.get_session("whole", include_messages=True)["messages"][-1].get("content") == ANSWER
 
 
-def test_an_answer_is_stored_when_the_agent_closes_at_the_final_event(engine, upstream, cut_proxy):
+@pytest.mark.parametrize("omitted", PATHS)
+def test_an_answer_is_stored_when_the_agent_closes_at_the_final_event(engine, upstream, cut_proxy, omitted):
     """An agent that stops reading at the stream's final event and closes the connection, while
     the upstream's body has not ended yet: the answer, complete, is stored all the same (it was
-    recorded when the final event was read, not when the upstream's body ended)."""
+    recorded when the final event was read, not when the upstream's body ended), on the relay's
+    path and on the restore rounds' (results omitted: the restore tool offered)."""
     url = cut_proxy(keep=10_000, how="end", linger=2.0)
     upstream.enqueue(content=ANSWER)
-    request = {"model": "gpt-4o", "messages": _history(False), "stream": True}
+    session = f"closed-{omitted}"
+    request = {"model": "gpt-4o", "messages": _history(omitted), "tools": TOOLS, "stream": True}
     with httpx.Client(timeout=30) as client:
         with client.stream("POST", f"{url}/v1/chat/completions", json=request,
-                           headers={SESSION_HEADER: "closed", "authorization": "Bearer sk-test"}) as response:
+                           headers={SESSION_HEADER: session, "authorization": "Bearer sk-test"}) as response:
             for line in response.iter_lines():
                 if line.strip() == "data: [DONE]":
                     break  # and the connection is closed here, before the body's end
+    assert ("contextrender_restore" in upstream.requests[-1].body.decode()) == omitted
     cut_proxy.finished.wait()
-    assert engine.get_session("closed", include_messages=True)["messages"][-1].get("content") == ANSWER
+    assert engine.get_session(session, include_messages=True)["messages"][-1].get("content") == ANSWER

@@ -171,6 +171,24 @@ class Restores:
         pending = Pending()
         upstream = self.upstream
         carry: dict = {}  # what the agent was sent already, shared by the answers of the request
+        recorded = False
+
+        def record(reader: Any) -> None:
+            # As the relay does (relay.py): the answer is recorded once the protocol's final event
+            # is read, before it is relayed, so an agent that closes the connection at that event
+            # while the upstream's body has not ended does not lose it. Only the agent's answer
+            # reaches `seen`: a restore round's frames are held back.
+            nonlocal recorded
+            if not recorded:
+                recorded = True
+                rounds.answered(protocol.session_usage(reader.usage))
+                pending.add(on_answer(seen.answer(), rounds.reported, rounds.extra_estimate))
+
+        def relayed(frame: bytes, reader: Any) -> bytes:
+            seen.feed(frame)
+            if seen.done:
+                record(reader)
+            return frame
 
         async def run() -> AsyncIterator[Any]:
             # Yields the response's start (status, headers) once, right before its first bytes,
@@ -206,8 +224,7 @@ class Restores:
                             if not started:
                                 started = True
                                 yield (200, out_headers)
-                            seen.feed(frame)
-                            yield frame
+                            yield relayed(frame, reader)
                     ending.feed(b"\n\n")
                     if not ending.done:
                         # The body ended before the protocol's final event: a cut answer (or round)
@@ -221,8 +238,7 @@ class Restores:
                         if not started:
                             started = True
                             yield (200, out_headers)
-                        seen.feed(frame)
-                        yield frame
+                        yield relayed(frame, reader)
                 except httpx.HTTPError as exc:  # the upstream's answer ended early, or it fell silent
                     if ending.done:
                         pass  # cut after its final event: the answer is whole
@@ -236,16 +252,18 @@ class Restores:
                         return
                 finally:
                     await response.aclose()
-                rounds.answered(protocol.session_usage(reader.usage))
+                if recorded:  # the agent's answer, recorded at its final event
+                    return
                 if reader.restore_round:
+                    rounds.answered(protocol.session_usage(reader.usage))
                     await self._answer_round(session_id, reader.answer(), rounds, protocol)
                     add_usage(rounds.usage, reader.usage)
                     continue
                 if not started:
                     yield (200, out_headers)
-                seen.feed(b"\n\n")
+                seen.feed(b"\n\n")  # a final event the body ended without its blank line
                 if seen.done:
-                    pending.add(on_answer(seen.answer(), rounds.reported, rounds.extra_estimate))
+                    record(reader)
                 return
 
         stream = run()
