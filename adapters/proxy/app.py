@@ -22,7 +22,6 @@ from contextrender.core import RESTORE_TOOL, InvalidRequest
 from contextrender.inspector import routes as inspector
 from contextrender.metrics import CountRequests, ProxyMetrics, metrics_response
 from contextrender.proxy.admission import Admission, allowed_origins_setting
-from contextrender.proxy.bodies import Bodies
 from contextrender.proxy.defaults import DEFAULT_ANSWER_DELAY, DEFAULT_RESTORE_ROUNDS, DEFAULT_SELECTOR, DEFAULT_UPSTREAM_TIMEOUT
 from contextrender.proxy.interfaces import Backend, Format, field
 from contextrender.proxy.protocols import PROTOCOLS, Protocol, format_of_path, format_of_request
@@ -119,7 +118,6 @@ class _Proxy:
         self.selector = selector or DEFAULT_SELECTOR
         self.fail_closed = fail_closed
         self.sessions = Sessions(backend, answer_delay)
-        self.bodies = Bodies()
         self.restores = Restores(self.upstream, self.sessions, backend, restore_rounds)
         self.metrics = ProxyMetrics({p.path: p.name for p in PROTOCOLS})
         self.restores.metrics = self.metrics
@@ -154,10 +152,8 @@ class _Proxy:
             # The caller asked for this request's settings: a bad one is refused, fail-open or not.
             return error(fmt, 400, f"ContextRender: {exc}", "invalid_request_error")
         raw = await request.body()
-        # The conversation whose last body this one may extend: the session named, else the body's start.
-        conversation = (protocol.path, request.headers.get(SESSION_HEADER) or raw[:256])
         try:
-            body = self.bodies.parse(raw, conversation, protocol.history)
+            body = json.loads(raw)
         except RecursionError:
             return error(fmt, 400, _TOO_DEEP, "invalid_request_error")
         except ValueError as exc:

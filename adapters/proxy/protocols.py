@@ -25,17 +25,15 @@ class Protocol:
     rounds: RestoreProtocol
     # What a request of this protocol must hold (the 400's message when it does not).
     needs: str
-    # The top-level list of the body that a conversation grows (bodies.py reuses its last parse).
-    history: str
 
 
 PROTOCOLS = (
     Protocol("chat", "/v1/chat/completions", CHAT, CHAT_ROUNDS,
-             "a chat completions request is a JSON object with `messages`, a list of messages", "messages"),
+             "a chat completions request is a JSON object with `messages`, a list of messages"),
     Protocol("messages", "/v1/messages", MESSAGES, MESSAGES_ROUNDS,
-             "a Messages request is a JSON object with `messages`, a list of turns", "messages"),
+             "a Messages request is a JSON object with `messages`, a list of turns"),
     Protocol("responses", "/v1/responses", RESPONSES, RESPONSES_ROUNDS,
-             "a Responses request is a JSON object with `input`, a string or a list of items (objects)", "input"),
+             "a Responses request is a JSON object with `input`, a string or a list of items (objects)"),
 )
 
 
