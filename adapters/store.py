@@ -52,7 +52,7 @@ from jaclang.runtimelib import memory as jac_memory  # noqa: E402
 from jaclang.runtimelib.changeset import ChangeSet, WriteIntent  # noqa: E402
 
 from contextrender.by_id import links_by_id, merge_by_id  # noqa: E402
-from contextrender.rows import INSERT_ROW as _INSERT, anchor_row, merge_stored_text  # noqa: E402
+from contextrender.rows import INSERT_ROW as _INSERT, anchor_row, id_text, merge_stored_text  # noqa: E402
 
 
 __all__ = ["SharedSqliteStore", "StorePlugin", "busy_timeout", "file_key", "in_blocks", "install", "release"]
@@ -235,7 +235,7 @@ class SharedSqliteStore(jac_memory.SqliteMemory):
                 batch: list = []
                 conn.execute("BEGIN IMMEDIATE")
                 for (key, row) in pending[start:start + WRITE_AHEAD_BATCH]:
-                    if conn.execute(_INSERT_NEW, (str(key),) + row).rowcount == 1:
+                    if conn.execute(_INSERT_NEW, (id_text(key),) + row).rowcount == 1:
                         batch.append(key)
                 conn.commit()
             except sqlite3.Error:
@@ -292,7 +292,7 @@ class SharedSqliteStore(jac_memory.SqliteMemory):
         under, read once per flush in blocks of ID_BLOCK inside its write transaction (no other writer runs)."""
         prepared = getattr(self, "_prepared", None) or {}
         if getattr(self, "_probed_for", None) is not prepared:
-            ids = [str(key) for key in prepared]
+            ids = [id_text(key) for key in prepared]
             found = {row[0] for row in in_blocks(conn, "SELECT id FROM anchors WHERE id IN (?ids)", ids)}
             (self._probed_for, self._probed) = (prepared, found)
         return self._probed
@@ -319,7 +319,7 @@ class SharedSqliteStore(jac_memory.SqliteMemory):
     def _merge_write(self, conn: sqlite3.Connection, intent: WriteIntent) -> None:
         if intent.anchor.id in getattr(self, "_written_ahead", ()):
             return  # this flush's own row, inserted ahead (`_write_ahead`)
-        key = str(intent.anchor.id)
+        key = id_text(intent.anchor.id)
         row = self._prepared.get(intent.anchor.id) if hasattr(self, "_prepared") else None
         if row is not None and key not in self._stored_among_prepared(conn):
             # A created anchor with no stored row: inserted, as below, without its own read.
