@@ -255,9 +255,9 @@ class Kept:
         self.lent.clear()
         candidates = [a for a in working.values() if a.persistent and a.is_populated() and not isinstance(a.archetype, Root)
                       and (a.id in written or a.hash != 0)]
-        changed = [a for a in candidates if a.id in written or a.hash == 0]
+        changed = [a for a in candidates if a.id in written]
         if len(changed) > MAX_KEPT:
-            candidates = [a for a in candidates if not (a.id in written or a.hash == 0)]
+            candidates = [a for a in candidates if a.id not in written]
             changed = []
         # Written, so stored; the stored edge order is read only for a stored node whose edge set
         # changed (the store merges an edge delta in its own order): a node made in the call (no
@@ -268,7 +268,7 @@ class Kept:
         for anchor in candidates:
             if anchor.id in unhashed:
                 self.unbaselined.add(anchor.id)
-            elif anchor.id in written or anchor.hash == 0:
+            elif anchor.id in written:
                 if anchor.id in ordered:
                     key = str(anchor.id)
                     if key not in stored:
