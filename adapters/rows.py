@@ -21,6 +21,7 @@ property) to jaclang's `_anchor_to_row` whole. tests/test_rows.py compares the r
 from __future__ import annotations
 
 import json
+import re
 import sqlite3
 import types
 from datetime import datetime, timezone
@@ -196,6 +197,10 @@ def _current_node(stored: tuple, cls: type | None) -> dict | None:
     return data
 
 
+# Edge ids as str(UUID) writes them, each followed by a comma.
+_CANONICAL_IDS = re.compile(r"(?:[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12},)*")
+
+
 def merge_edge_ids(conn: sqlite3.Connection, key: str, stored: tuple, added_ids: list[UUID]) -> bool:
     """The row jaclang's merge writes for a stored node that a call gave new edges (`added_ids`, in
     the order it linked them) without changing anything else, made from the stored row alone: the
@@ -211,13 +216,23 @@ def merge_edge_ids(conn: sqlite3.Connection, key: str, stored: tuple, added_ids:
     data = _current_node(stored, cls)
     if data is None or isinstance(cls, type) and issubclass(cls, Root):
         return False
-    stored_ids = [UUID(e) for e in data["edges"]]
+    # The ids as the integers of their UUIDs (a UUID hashes as its integer and equals by it, so the
+    # same sets are laid out alike and iterate in the same order), read without making a UUID.
+    texts = data["edges"]
+    if _CANONICAL_IDS.fullmatch(",".join(texts) + ("," if texts else "")):
+        stored_ids = [int(e.replace("-", ""), 16) for e in texts]
+        text_of = dict(zip(stored_ids, texts))
+    else:  # (not in jaclang's rows: each id as str(UUID) writes it)
+        stored_ids = [UUID(e).int for e in texts]
+        text_of = {e: str(UUID(int=e)) for e in stored_ids}
+    for id in added_ids:
+        text_of[id.int] = id_text(id)
     # NodeAnchor.edge_delta on the node as loaded, the new edges appended.
     initial = set(frozenset(e for e in stored_ids))
-    current = set(e for e in stored_ids + list(added_ids))
+    current = set(e for e in stored_ids + [id.int for id in added_ids])
     (added, removed) = (set(current - initial), set(initial - current))
     merged = (set(stored_ids) | added) - removed
-    data["edges"] = [str(e) for e in merged]
+    data["edges"] = [text_of[e] for e in merged]
     if added or removed:
         data["version"] += 1
     conn.execute(INSERT_ROW, (key, "NodeAnchor", arch_module, arch_type, stored[3], json.dumps(data),
