@@ -54,7 +54,7 @@ from jaclang.runtimelib.changeset import ChangeSet, WriteIntent  # noqa: E402
 
 from contextrender.born import WritesBornRows, born_of, handed_over  # noqa: E402
 from contextrender.by_id import links_by_id, merge_by_id  # noqa: E402
-from contextrender.rows import INSERT_ROW as _INSERT, anchor_row, id_text, merge_stored_text  # noqa: E402
+from contextrender.rows import INSERT_ROW as _INSERT, anchor_row, forget_id_texts, id_text, merge_stored_text  # noqa: E402
 
 
 __all__ = ["SharedSqliteStore", "StorePlugin", "busy_timeout", "file_key", "in_blocks", "install", "release"]
@@ -194,7 +194,10 @@ class SharedSqliteStore(WritesBornRows, jac_memory.SqliteMemory):
         if changeset.is_empty():
             return jac_memory.ApplyReport()
         with collector_held():
-            return self._apply(changeset)
+            try:
+                return self._apply(changeset)
+            finally:
+                forget_id_texts()
 
     def _apply(self, changeset: ChangeSet) -> Any:
         from contextrender import core
