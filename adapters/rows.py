@@ -21,6 +21,7 @@ property) to jaclang's `_anchor_to_row` whole. tests/test_rows.py compares the r
 from __future__ import annotations
 
 import json
+import re
 import sqlite3
 import types
 from datetime import datetime, timezone
@@ -38,7 +39,7 @@ from jaclang.runtimelib.exceptions import WriteConflict  # noqa: E402
 from jaclang.runtimelib.serializer import Serializer  # noqa: E402
 from jaclang.runtimelib.typecache import get_field_types  # noqa: E402
 
-__all__ = ["INSERT_ROW", "anchor_row", "field_names", "merge_edge_ids", "merge_stored_text"]
+__all__ = ["INSERT_ROW", "anchor_row", "field_names", "forget_id_texts", "id_text", "merge_edge_ids", "merge_stored_text"]
 
 # jaclang's insert of a whole row (SqliteMemory._merge_write, its branch for a row not stored yet).
 INSERT_ROW = """
@@ -54,6 +55,30 @@ _METHODS = (types.FunctionType, staticmethod, classmethod)
 _classes: dict[type, frozenset | None] = {}
 # (archetype class, the instance's own attribute names) -> the names jaclang's walk visits, in order.
 _names: dict[tuple, tuple[str, ...]] = {}
+
+
+# UUID -> its text: a row names each id about three times (an edge's own row, its ends' edge lists)
+# and every row its root; `str(UUID)` is Python (1.8 µs here) where a lookup is 0.2 µs. Keyed by
+# value, so an entry is never stale; emptied when it reaches ID_TEXTS_MAX and after each flush
+# (`forget_id_texts`: a UUID is an object the cyclic collector tracks, and a big call's ids kept
+# here made every later full collection walk them: the next calls' ingestion x0.85).
+_id_texts: dict[UUID, str] = {}
+ID_TEXTS_MAX = 200_000
+
+
+def id_text(id: UUID) -> str:
+    """`str(id)`, remembered until the flush ends."""
+    text = _id_texts.get(id)
+    if text is None:
+        if len(_id_texts) >= ID_TEXTS_MAX:
+            _id_texts.clear()
+        text = _id_texts[id] = str(id)
+    return text
+
+
+def forget_id_texts() -> None:
+    """Drop the remembered ids' texts (the store does after each flush)."""
+    _id_texts.clear()
 
 
 def _class_names(cls: type) -> frozenset | None:
@@ -117,8 +142,13 @@ def _value(val: Any) -> Any:
 
 def _access(access: Any) -> Any:
     if type(access) is Permission and type(access.roots) is Access:
-        return {"all": access.all.value, "roots": {"anchors": {str(k): v.value for (k, v) in access.roots.anchors.items()}}}
+        return {"all": access.all.value, "roots": {"anchors": {id_text(k) if type(k) is UUID else str(k): v.value for (k, v) in access.roots.anchors.items()}}}
     return Serializer._serialize_value(access, True)
+
+
+def _text(id: Any) -> str:
+    """`str(id)`: a UUID's remembered (`id_text`)."""
+    return id_text(id) if type(id) is UUID else str(id)
 
 
 def anchor_row(anchor: Any) -> tuple:
@@ -139,16 +169,16 @@ def anchor_row(anchor: Any) -> tuple:
     if isinstance(attic, dict) and attic:
         attrs["__jac_attic__"] = Serializer._serialize_value(attic, True)
     data: dict[str, Any] = {
-        "__type__": kind.__name__, "__module__": kind.__module__, "id": str(anchor.id),
-        "root": str(anchor.root) if anchor.root else None, "persistent": anchor.persistent,
+        "__type__": kind.__name__, "__module__": kind.__module__, "id": id_text(anchor.id),
+        "root": _text(anchor.root) if anchor.root else None, "persistent": anchor.persistent,
         "access": _access(anchor.access), "archetype": attrs,
     }
     if kind is NodeAnchor:
-        data["edges"] = [str(edge.id) for edge in anchor.edges]
+        data["edges"] = [_text(edge.id) for edge in anchor.edges]
         data["version"] = anchor.version
     else:
-        data["source"] = str(anchor.source.id) if anchor.source else None
-        data["target"] = str(anchor.target.id) if anchor.target else None
+        data["source"] = _text(anchor.source.id) if anchor.source else None
+        data["target"] = _text(anchor.target.id) if anchor.target else None
         data["is_undirected"] = anchor.is_undirected
     fingerprint = getattr(cls, "__jac_fingerprint__", None)
     return (kind.__name__, cls.__module__, cls.__name__, fingerprint if isinstance(fingerprint, str) and fingerprint else None,
@@ -174,6 +204,10 @@ def _current_node(stored: tuple, cls: type | None) -> dict | None:
     return data
 
 
+# Edge ids as str(UUID) writes them, each followed by a comma.
+_CANONICAL_IDS = re.compile(r"(?:[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12},)*")
+
+
 def merge_edge_ids(conn: sqlite3.Connection, key: str, stored: tuple, added_ids: list[UUID]) -> bool:
     """The row jaclang's merge writes for a stored node that a call gave new edges (`added_ids`, in
     the order it linked them) without changing anything else, made from the stored row alone: the
@@ -189,13 +223,23 @@ def merge_edge_ids(conn: sqlite3.Connection, key: str, stored: tuple, added_ids:
     data = _current_node(stored, cls)
     if data is None or isinstance(cls, type) and issubclass(cls, Root):
         return False
-    stored_ids = [UUID(e) for e in data["edges"]]
+    # The ids as the integers of their UUIDs (a UUID hashes as its integer and equals by it, so the
+    # same sets are laid out alike and iterate in the same order), read without making a UUID.
+    texts = data["edges"]
+    if _CANONICAL_IDS.fullmatch(",".join(texts) + ("," if texts else "")):
+        stored_ids = [int(e.replace("-", ""), 16) for e in texts]
+        text_of = dict(zip(stored_ids, texts))
+    else:  # (not in jaclang's rows: each id as str(UUID) writes it)
+        stored_ids = [UUID(e).int for e in texts]
+        text_of = {e: str(UUID(int=e)) for e in stored_ids}
+    for id in added_ids:
+        text_of[id.int] = id_text(id)
     # NodeAnchor.edge_delta on the node as loaded, the new edges appended.
     initial = set(frozenset(e for e in stored_ids))
-    current = set(e for e in stored_ids + list(added_ids))
+    current = set(e for e in stored_ids + [id.int for id in added_ids])
     (added, removed) = (set(current - initial), set(initial - current))
     merged = (set(stored_ids) | added) - removed
-    data["edges"] = [str(e) for e in merged]
+    data["edges"] = [text_of[e] for e in merged]
     if added or removed:
         data["version"] += 1
     conn.execute(INSERT_ROW, (key, "NodeAnchor", arch_module, arch_type, stored[3], json.dumps(data),

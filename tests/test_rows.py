@@ -170,3 +170,21 @@ def test_field_values_are_dataclass_fields():
     for cls in GRAPH_CLASSES:
         for field in dataclasses.fields(cls):
             _value(get_field_types(cls)[field.name], 1)
+
+
+def test_an_ids_text_is_remembered_and_the_memory_bounded(monkeypatch):
+    monkeypatch.setattr(rows, "ID_TEXTS_MAX", 3)
+    monkeypatch.setattr(rows, "_id_texts", {})
+    ids = [uuid.uuid4() for _ in range(5)]
+    assert [rows.id_text(id) for id in ids] == [str(id) for id in ids]
+    assert len(rows._id_texts) <= 3
+    again = uuid.UUID(str(ids[-1]))  # an equal id, another object: the same text
+    assert rows.id_text(again) is rows.id_text(ids[-1])
+
+
+def test_the_ids_texts_are_forgotten_after_each_flush(tmp_path):
+    """A UUID is an object the cyclic collector tracks: a big call's ids kept would make every later
+    full collection walk them."""
+    engine = Engine(tmp_path / "store")
+    engine.ingest("s", [user("start"), assistant(None, call("c1", "bash", {"cmd": "ls"})), tool("c1", "a.py b.py")])
+    assert rows._id_texts == {}
