@@ -91,8 +91,7 @@ class LinkedById:
             node = self.__mem__.get(id)
             if node is not None and node.is_populated() and links_by_id(intent):
                 for edge_id in intent.edges_added:
-                    # (a new edge written as a row is taken back: adapters/born.py)
-                    link = self.__mem__.get(edge_id) or self.adopt(edge_id)
+                    link = self.__mem__[edge_id]
                     link.target = node
                     node.edges.append(link)
                 del changes.intents[id]

@@ -21,7 +21,6 @@ in-process Engine, adapters/local.py, both answer it with `SharedSqliteStore`):
 - **No full collection in a flush**: Python's cyclic collector makes none while a flush serialises
   and writes its rows (its full passes scan every object of the process to free almost nothing).
 - **Edges added to a stored node by its id**, the node never loaded (adapters/by_id.py).
-- **A call's new anchors written as created rows** outside jaclang's change set (adapters/born.py).
 - **Connections reused**: a closed context's idle connection is kept, a few per file, for the
   next context on the same file while the file is the one it opened; `release` closes them.
 - **No write to open the store**: the schema is created (or a legacy store migrated) only when not
@@ -52,7 +51,6 @@ from jaclang.jac0core.runtime import hookimpl, plugin_manager  # noqa: E402
 from jaclang.runtimelib import memory as jac_memory  # noqa: E402
 from jaclang.runtimelib.changeset import ChangeSet, WriteIntent  # noqa: E402
 
-from contextrender.born import WritesBornRows, born_of, handed_over  # noqa: E402
 from contextrender.by_id import links_by_id, merge_by_id  # noqa: E402
 from contextrender.rows import INSERT_ROW as _INSERT, anchor_row, forget_id_texts, id_text, merge_stored_text  # noqa: E402
 
@@ -142,7 +140,7 @@ def _schema_is_current(conn: sqlite3.Connection) -> bool:
     return row is not None and row[0] == str(jac_memory.SQLITE_DB_FORMAT_VERSION)
 
 
-class SharedSqliteStore(WritesBornRows, jac_memory.SqliteMemory):
+class SharedSqliteStore(jac_memory.SqliteMemory):
     """jaclang's SQLite store for a file several calls (threads, requests, processes) share."""
 
     # It merges edges added to a stored node by the node's id alone, the node not loaded
@@ -204,10 +202,6 @@ class SharedSqliteStore(WritesBornRows, jac_memory.SqliteMemory):
 
         give_way = core.give_way  # the serialisation of a long call's rows gives way (engine/courtesy.jac)
         rows: dict[Any, tuple] = {}
-        born = born_of(changeset)
-        for anchor in born:
-            give_way()
-            rows[anchor.id] = anchor_row(anchor)
         for stage in changeset.staged():
             for intent in stage:
                 give_way()
@@ -219,22 +213,14 @@ class SharedSqliteStore(WritesBornRows, jac_memory.SqliteMemory):
         # The store's own (re-entrant) lock, which jaclang's apply takes too: the rows are this flush's.
         with self.__lock__:
             ahead = self._write_ahead(rows) if len(rows) > WRITE_AHEAD_BATCH else set()
-            born_ids = {anchor.id for anchor in born}
-            self._prepared = {key: row for (key, row) in rows.items() if key not in ahead and key not in born_ids}
-            self._born_rows = [(key, rows[key]) for key in born_ids - ahead] if born else []
-            (self._written_ahead, self._born_failed) = (ahead, None)
+            self._prepared = {key: row for (key, row) in rows.items() if key not in ahead} if ahead else rows
+            self._written_ahead = ahead
             try:
                 report = super().apply(changeset)
             finally:
-                self._prepared, self._written_ahead, self._born_rows = {}, set(), []
-            # The new rows are stored with the flush's writes: none if none was (a lost race rolls
-            # the transaction back; a flush that wrote nothing leaves nothing that reaches them).
-            stored = bool(born) and bool(report.applied) and not report.conflicts and self._born_failed is None
-            if stored:
-                handed_over(changeset)
-            unapplied = (ahead - born_ids - set(report.applied)) | (set() if stored else born_ids)
-            if unapplied:
-                self._take_back(unapplied)
+                self._prepared, self._written_ahead = {}, set()
+            if ahead - set(report.applied):
+                self._take_back(ahead - set(report.applied))
             return report
 
     def _write_ahead(self, rows: dict[Any, tuple]) -> set:

@@ -26,7 +26,6 @@ from jaclang.runtimelib import memory as jac_memory  # noqa: E402
 from jaclang.runtimelib.changeset import ApplyReport, ChangeSet  # noqa: E402
 
 from contextrender.lent import UNKNOWN_HASH, Lent, lent, rebaseline, remember_edges  # noqa: E402
-from contextrender.born import BornAsRows  # noqa: E402
 from contextrender.by_id import LinkedById  # noqa: E402
 from contextrender.store import file_key, in_blocks  # noqa: E402
 
@@ -39,7 +38,7 @@ REBASELINE_SLICE = 500
 MAX_KEPT = 2048
 
 
-class NewAnchorsUnhashed(BornAsRows, LinkedById):
+class NewAnchorsUnhashed(LinkedById):
     """A working set's commit pass without hashing its new anchors. jaclang's commit
     (`TieredMemory._collect_into`) hashes every anchor of the working set to find what changed,
     the new ones too, whose hash it then ignores (a new anchor is written whole). Here new anchors
@@ -47,8 +46,7 @@ class NewAnchorsUnhashed(BornAsRows, LinkedById):
     ingestion), giving way to other calls between them on the server (engine/courtesy.jac: this
     pass runs before the write transaction), and without jaclang's write check of each when
     jaclang's own hooks answer it (it grants every new anchor); the anchors loaded from the store
-    go through jaclang's own pass. Edges may be added to stored nodes by id (adapters/by_id.py), and
-    a call's new anchors written as rows outside the working set (adapters/born.py). Mixed into jaclang's working set (OneCommitMemory, the Engine's) and
+    go through jaclang's own pass. Edges may be added to stored nodes by id (adapters/by_id.py). Mixed into jaclang's working set (OneCommitMemory, the Engine's) and
     jac-scale's (`server_memory_class`, the server's)."""
 
     def _settled(self, changes: ChangeSet) -> set[UUID]:
@@ -87,7 +85,6 @@ class NewAnchorsUnhashed(BornAsRows, LinkedById):
                 continue
             if not ask or Jac.check_write_access(anchor, op_hint="field_write"):
                 changes.record_create(anchor)
-        self._hand_born(changes, ask)
 
 
 class RebaselinedInSlices:
@@ -341,9 +338,6 @@ class KeptAnchors:
         """After `mem`'s call: keep what it left in `working` (None: it failed, keep nothing) if no
         other connection committed meanwhile."""
         mem.kept = None
-        born = mem.handed()
-        if working is not None and born:  # written as rows by the flush (adapters/born.py)
-            (working, written) = ({**working, **{a.id: a for a in born}}, written | {a.id for a in born})
         (conn, own, kept.conn, kept.conn_version) = (kept.conn, kept.conn_version, None, None)
         kept.version = None
         if working is None or self._watch is None or conn is None or mem.l3.__conn__ is not conn:
