@@ -7,10 +7,11 @@ import subprocess
 import sys
 
 # A request context as the server's plugin makes it, a user root with a chain of `nodes` nodes
-# under it (each an anchor and archetype in a cycle, each edge in one with its nodes), closed with
-# the cyclic collector off: how many of the nodes are still alive once the close's slices are
-# done, whether the first node (its root's edge reaches it) is as it was, and the collector's
-# thresholds and the counted calls after.
+# under it (each an anchor and archetype in a cycle, each edge in one with its nodes), and a walker
+# spawned in it that lists every node as visited and holds them in a field (as ingestion's walkers
+# do), closed with the cyclic collector off: how many of the nodes are still alive once the close's
+# slices are done, whether the first node (its root's edge reaches it) is as it was, and the
+# collector's thresholds and the counted calls after, and whether the walker is still alive.
 PROBE = """
 import gc, sys, threading, weakref
 from contextrender.jaclang_setup import import_jaclang
@@ -24,11 +25,15 @@ def spy(anchors, turn):
     third.append(gc.get_threshold()[2])  # the collector's third threshold as the slices begin
     untie(anchors, turn)
 teardown.untie_in_slices = spy
+teardown._collect_when_idle = lambda: (0, 0.0)  # what reference counting frees, without the collection after
 import jaclang.lib as L
 from jaclang.jac0core.runtime import plugin_manager, JacRuntime
 from contextrender import core
 
 class Item(L.Node):
+    pass
+
+class Visitor(L.Walker):
     pass
 
 ctx = plugin_manager.hook.create_j_context(user_root=None, base_path_dir=None, full_target_path=None)
@@ -37,15 +42,20 @@ user = L.Root()
 ctx.mem.put(user.__jac__)
 ctx.user_root = user.__jac__
 gc.disable()
+walker = L.spawn(Visitor(), L.root())
 first = previous = Item()
 L.connect(L.root(), first)
-refs = []
+refs, made = [], []
 for i in range(int(sys.argv[1])):
     node = Item()
     L.connect(previous, node)
     refs.append(weakref.ref(node))
+    made.append(node)
+    walker.__jac__.path.append(node.__jac__)
     previous = node
-del node, previous
+walker.made = made
+walker_alive = weakref.ref(walker)
+del node, previous, made, walker
 JacRuntime.reset_request_context(token)
 thresholds = gc.get_threshold()
 ctx.close()
@@ -54,7 +64,8 @@ for thread in threading.enumerate():
         thread.join()
 del ctx
 print(sum(r() is not None for r in refs), first.__jac__.archetype is first and len(first.__jac__.edges) == 2,
-      bool(third) and third[0] > thresholds[2], gc.get_threshold() == thresholds, core.CALLS.running, core.CALLS.holding)
+      bool(third) and third[0] > thresholds[2], gc.get_threshold() == thresholds, core.CALLS.running, core.CALLS.holding,
+      walker_alive() is not None)
 """
 
 
@@ -67,18 +78,19 @@ def probe(nodes: int, untie_at_least: int, tmp_path) -> list[str]:
 
 def test_a_big_working_set_is_freed_without_a_full_collection(tmp_path):
     """2,000 nodes (over a threshold of 1,000 anchors): every one freed by reference counting once
-    the slices are done, the cyclic collector off throughout; full collections were held from the
-    close until then and are given back; the node its root's edge reaches is left as it was."""
-    (alive, first_intact, held, given_back, running, holding) = probe(2000, 1000, tmp_path)
-    assert alive == "0"
+    the slices are done, the cyclic collector off throughout, though the request's walker listed
+    and held them all (it is emptied and freed too); full collections were held from the close
+    until then and are given back; the node its root's edge reaches is left as it was."""
+    (alive, first_intact, held, given_back, running, holding, walker_alive) = probe(2000, 1000, tmp_path)
+    assert (alive, walker_alive) == ("0", "False")
     assert first_intact == "True"
     assert (held, given_back, running, holding) == ("True", "True", "0", "0")
 
 
 def test_an_ordinary_working_set_closes_as_before(tmp_path):
     """Under the threshold nothing is untied (the collector frees it as before) and nothing held."""
-    (alive, first_intact, held, given_back, running, holding) = probe(200, 1000, tmp_path)
-    assert alive == "200"
+    (alive, first_intact, held, given_back, running, holding, walker_alive) = probe(200, 1000, tmp_path)
+    assert (alive, walker_alive) == ("200", "True")
     assert (first_intact, held, given_back, running, holding) == ("True", "False", "True", "0", "0")
 
 
