@@ -139,3 +139,70 @@ def test_the_full_collection_after_the_slices_waits_for_a_moment_without_calls(m
         if other_ended is None:
             core.CALLS.leave()
     assert core.CALLS.holding == 0
+
+
+# Put on a real server's PYTHONPATH: each big close's untying spied on. Before the slices, weak
+# references to the anchors it empties (not those left as they are) and to their archetypes; after
+# the slices and a full collection, how many of each are still alive, and what holds the first few.
+SPY = """import gc, os, sys, threading, time, weakref
+def _spy(untie):
+    def untie_in_slices(anchors, turn=None):
+        from contextrender.server import teardown
+        kept = teardown._left_as_they_are(anchors)
+        emptied = [a for a in anchors if id(a) not in kept]
+        refs = [weakref.ref(a) for a in emptied] + [weakref.ref(a.archetype) for a in emptied]
+        del emptied
+        untie(anchors, turn)
+        gc.collect()
+        alive = [r() for r in refs if r() is not None]
+        held = sorted({type(h).__name__ for a in alive[:3] for h in gc.get_referrers(a) if h is not alive})
+        with open(os.environ["TEARDOWN_SPY_LOG"], "a") as log:
+            log.write(f"{len(refs)} {len(alive)} {','.join(held) or '-'}\\n")
+    return untie_in_slices
+def _install():
+    while getattr(sys.modules.get("contextrender.server.teardown"), "untie_in_slices", None) is None:
+        time.sleep(0.05)
+    teardown = sys.modules["contextrender.server.teardown"]
+    teardown.untie_in_slices = _spy(teardown.untie_in_slices)
+threading.Thread(target=_install, daemon=True).start()
+"""
+
+
+def test_nothing_alive_holds_a_big_calls_anchors_and_its_session_reads_right_after(tmp_path):
+    """A 4,000-message ingestion on the real server (over 10,000 anchors: its close empties them in
+    slices): once the slices and a full collection are done, none of the anchors it emptied nor
+    their archetypes is alive (nothing past the request holds one: no cache, no other request's
+    context); then the same session reads back whole, takes an append and renders what the
+    in-process Engine renders from the same messages."""
+    import time
+
+    from contextrender import Engine
+    from contextrender.client import Client
+    from jacserver import JacServer
+
+    (tmp_path / "spy").mkdir()
+    (tmp_path / "spy" / "sitecustomize.py").write_text(SPY)
+    log = tmp_path / "spy.log"
+    big = [{"role": "user", "content": "Fix the failing test in the parser module."}]
+    for i in range(2000):
+        big += [{"role": "assistant", "content": "", "tool_calls": [{"id": f"call_{i}", "type": "function", "function": {
+                    "name": "bash", "arguments": f'{{"cmd": "sed -n {i},{i + 9}p src/parser.py"}}'}}]},
+                {"role": "tool", "tool_call_id": f"call_{i}", "content": f"{i}: def parse_{i}(tokens): return tokens[{i % 7}:]"}]
+    added = [{"role": "assistant", "content": "parse_17 drops the first token; fixing it."}, {"role": "user", "content": "Go on."}]
+    server = JacServer(tmp_path / "server", PYTHONPATH=str(tmp_path / "spy"), TEARDOWN_SPY_LOG=str(log)).start()
+    try:
+        with Client(server.url) as client:
+            client.register("big-user", "secret-password-1")
+            client.ingest("big", big)
+            deadline = time.monotonic() + 120
+            while not log.exists() and time.monotonic() < deadline:
+                time.sleep(0.2)
+            (spied, alive, held) = log.read_text().split()
+            assert int(spied) > 2 * 10_000 and (alive, held) == ("0", "-")
+            assert client.get_session("big", include_messages=True)["messages"] == big
+            client.ingest("big", added, append=True)
+            served = client.render("big", budget=2000)
+    finally:
+        server.stop()
+    engine = Engine(tmp_path / "engine")
+    assert served.messages == engine.render("big", big + added, budget=2000).messages
