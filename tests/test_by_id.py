@@ -166,6 +166,65 @@ def test_a_result_linked_by_id_and_reached_later_in_the_same_call_keeps_its_edge
     assert [key for key in reuses if key not in rows[rows[key]["target"]]["edges"]] == []
 
 
+def test_a_result_deleted_before_the_flush_replays_the_call_once_naming_it(tmp_path, monkeypatch):
+    """The system root (the Engine) links a stored result by id without reading its row; the row
+    deleted before the call's flush (by another process) is a lost race that names the result, and
+    the one replay, which loads the session afresh, completes the call."""
+    engine = Engine(tmp_path / "store")
+    messages = trace_prefix(turns=14)
+    for end in range(4, len(messages) - 6, 3):
+        engine.ingest("s", messages[:end])
+    deleted: list[str] = []
+    apply = store.SharedSqliteStore._apply
+
+    def deleted_meanwhile(self, changeset):  # noqa: ANN001, ANN202
+        linked = [str(i.anchor.id) for i in changeset.intents.values() if by_id.links_by_id(i)]
+        if linked and not deleted:
+            with sqlite3.connect(_db(tmp_path)) as other:
+                other.execute("DELETE FROM anchors WHERE id = ?", (linked[0],))
+            deleted.append(linked[0])
+        return apply(self, changeset)
+
+    monkeypatch.setattr(store.SharedSqliteStore, "_apply", deleted_meanwhile)
+    raised: list[BaseException] = []
+    attempt = engine._attempt
+
+    def attempted(walker):  # noqa: ANN001, ANN202
+        try:
+            return attempt(walker)
+        except BaseException as error:
+            raised.append(error)
+            raise
+
+    monkeypatch.setattr(engine, "_attempt", attempted)
+    assert engine.ingest("s", messages).events > 0
+    assert len(deleted) == 1 and [type(e) for e in raised] == [by_id.ResultGone]
+    assert deleted[0] in str(raised[0]) and "no longer in the store" in str(raised[0])
+
+
+def test_a_result_still_gone_on_the_replay_fails_the_call_at_once_naming_it(tmp_path, monkeypatch):
+    """Met again on the one replay, a result gone from the store ends the call with its name, not
+    after every attempt with "the store kept changing"."""
+    import uuid
+
+    import pytest
+
+    from contextrender import ContextRenderError
+
+    engine = Engine(tmp_path / "store")
+    gone = uuid.uuid4()
+    attempts: list = []
+
+    def still_gone(walker):  # noqa: ANN001, ANN202
+        attempts.append(walker)
+        raise by_id.ResultGone(anchor_id=gone, expected_version=0, actual_version=-1)
+
+    monkeypatch.setattr(engine, "_attempt", still_gone)
+    with pytest.raises(ContextRenderError, match=f"result {gone}, which this call links a Reuses edge to, is no longer in the store"):
+        engine.ingest("s", trace_prefix(turns=3))
+    assert len(attempts) == 2
+
+
 def _db(tmp_path) -> str:  # noqa: ANN001
     return str(next((tmp_path / "store").rglob("*.db")))
 
