@@ -229,22 +229,50 @@ def _db(tmp_path) -> str:  # noqa: ANN001
     return str(next((tmp_path / "store").rglob("*.db")))
 
 
-def test_on_the_server_every_reuse_edge_is_in_both_its_ends_lists(jac_server):
-    """A user's calls on the server (its own root, not the system root), in rounds: each stored
-    `Reuses` edge is in the edge lists of its operation and of its result, and the session reads."""
+# Put on the server's PYTHONPATH: the id of every node the store merges edges into by id.
+MERGE_SPY = """import os, sys, threading, time
+def _install():
+    while getattr(sys.modules.get("contextrender.store"), "SharedSqliteStore", None) is None:
+        time.sleep(0.05)
+    store = sys.modules["contextrender.store"].SharedSqliteStore
+    merge = store._merge_edge_ids
+    def _merge_edge_ids(self, conn, intent):
+        with open(os.environ["BY_ID_SPY_LOG"], "a") as log:
+            log.write(f"{intent.anchor.id}\\n")
+        return merge(self, conn, intent)
+    store._merge_edge_ids = _merge_edge_ids
+threading.Thread(target=_install, daemon=True).start()
+"""
+
+
+def test_on_the_server_reuses_are_merged_by_id_and_every_edge_is_in_both_its_ends_lists(tmp_path):
+    """A user's calls on the server (its own root, not the system root), in rounds: the server
+    links reuses of earlier results by id (the store's merge by id is called, on result rows), each
+    stored `Reuses` edge is in the edge lists of its operation and of its result, and the session
+    reads."""
     import uuid
 
     from contextrender import Client
+    from jacserver import JacServer
 
+    (tmp_path / "spy").mkdir()
+    (tmp_path / "spy" / "sitecustomize.py").write_text(MERGE_SPY)
+    log = tmp_path / "merged.log"
     messages = trace_prefix(turns=14)
-    with Client(jac_server.url) as client:
-        client.register(f"user_{uuid.uuid4().hex[:8]}", "secret-password-1")
-        links = sum(client.ingest("by-id", messages[:end]).reuse_links for end in range(4, len(messages) + 3, 3))
-        assert client.get_session("by-id", include_messages=True)["messages"] == messages
+    server = JacServer(tmp_path / "server", PYTHONPATH=str(tmp_path / "spy"), BY_ID_SPY_LOG=str(log)).start()
+    try:
+        with Client(server.url) as client:
+            client.register(f"user_{uuid.uuid4().hex[:8]}", "secret-password-1")
+            links = sum(client.ingest("by-id", messages[:end]).reuse_links for end in range(4, len(messages) + 3, 3))
+            assert client.get_session("by-id", include_messages=True)["messages"] == messages
+    finally:
+        server.stop()
     assert links > 4
-    path = str(next((jac_server.workdir / ".jac" / "data").glob("anchor_store.db")))
+    path = str(next((server.workdir / ".jac" / "data").glob("anchor_store.db")))
     with sqlite3.connect(path) as conn:
         rows = {key: json.loads(data) for (key, data) in conn.execute("SELECT id, data FROM anchors")}
+    merged = log.read_text().split() if log.exists() else []
+    assert len(merged) >= 3 and {rows[key]["archetype"]["__type__"] for key in merged} == {"ToolResult"}
     reuses = [(key, data) for (key, data) in rows.items() if data["archetype"]["__type__"] == "Reuses"]
     assert len(reuses) >= links
     for (key, data) in reuses:
