@@ -36,6 +36,8 @@ class Item(L.Node):
 class Visitor(L.Walker):
     pass
 
+if sys.argv[3] == "held":
+    core.CALLS.hold_full_collections()  # a long call in progress
 ctx = plugin_manager.hook.create_j_context(user_root=None, base_path_dir=None, full_target_path=None)
 token = JacRuntime.push_request_context(ctx)
 user = L.Root()
@@ -69,8 +71,8 @@ print(sum(r() is not None for r in refs), first.__jac__.archetype is first and l
 """
 
 
-def probe(nodes: int, untie_at_least: int, tmp_path) -> list[str]:
-    done = subprocess.run([sys.executable, "-c", PROBE, str(nodes), str(untie_at_least)], cwd=tmp_path,
+def probe(nodes: int, untie_at_least: int, tmp_path, held: bool = False) -> list[str]:
+    done = subprocess.run([sys.executable, "-c", PROBE, str(nodes), str(untie_at_least), "held" if held else "-"], cwd=tmp_path,
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     return done.stdout.strip().splitlines()[-1].split()
@@ -92,6 +94,15 @@ def test_an_ordinary_working_set_closes_as_before(tmp_path):
     (alive, first_intact, held, given_back, running, holding, walker_alive) = probe(200, 1000, tmp_path)
     assert (alive, walker_alive) == ("200", "True")
     assert (first_intact, held, given_back, running, holding) == ("True", "False", "True", "0", "0")
+
+
+def test_an_ordinary_working_set_closed_while_a_long_call_runs_is_untied_at_once(tmp_path):
+    """Full collections held (a long call in progress): an ordinary context's nodes and walker are
+    freed by reference counting as it closes, without slices or a thread, and the hold is left as
+    it was (the long call's)."""
+    (alive, first_intact, held, given_back, running, holding, walker_alive) = probe(200, 1000, tmp_path, held=True)
+    assert (alive, walker_alive) == ("0", "False")
+    assert (first_intact, held, running, holding) == ("True", "False", "0", "1")
 
 
 def test_the_full_collection_after_the_slices_waits_for_a_moment_without_calls(monkeypatch):
@@ -164,6 +175,7 @@ def _install():
         time.sleep(0.05)
     teardown = sys.modules["contextrender.server.teardown"]
     teardown.untie_in_slices = _spy(teardown.untie_in_slices)
+    sys.modules["contextrender.core"].CALLS.hold_full_collections()  # every call's context is untied as it closes
 threading.Thread(target=_install, daemon=True).start()
 """
 
@@ -172,8 +184,10 @@ def test_nothing_alive_holds_a_big_calls_anchors_and_its_session_reads_right_aft
     """A 4,000-message ingestion on the real server (over 10,000 anchors: its close empties them in
     slices): once the slices and a full collection are done, none of the anchors it emptied nor
     their archetypes is alive (nothing past the request holds one: no cache, no other request's
-    context); then the same session reads back whole, takes an append and renders what the
-    in-process Engine renders from the same messages."""
+    context); then, with full collections held throughout (so every ordinary call's context is
+    untied as it closes), the same session reads back whole, takes an append and renders what the
+    in-process Engine renders from the same messages, and a small session made and read meanwhile
+    reads right."""
     import time
 
     from contextrender import Engine
@@ -202,6 +216,12 @@ def test_nothing_alive_holds_a_big_calls_anchors_and_its_session_reads_right_aft
             assert client.get_session("big", include_messages=True)["messages"] == big
             client.ingest("big", added, append=True)
             served = client.render("big", budget=2000)
+            small = big[:7]
+            for end in range(3, 8, 2):
+                client.render("small", small[:end], budget=300)
+            assert client.get_session("small", include_messages=True)["messages"] == small
+            assert {s["session_id"] for s in client.list_sessions()} == {"big", "small"}
+            assert client.get_session("big", include_messages=True)["messages"] == big + added
     finally:
         server.stop()
     engine = Engine(tmp_path / "engine")
