@@ -34,7 +34,18 @@ from jaclang.runtimelib.serializer import Serializer  # noqa: E402
 
 from contextrender.rows import merge_edge_ids  # noqa: E402
 
-__all__ = ["LinkedById", "links_by_id", "merge_by_id"]
+__all__ = ["LinkedById", "ResultGone", "links_by_id", "merge_by_id"]
+
+
+class ResultGone(WriteConflict):
+    """The stored node a call linked an edge to by its id has no row any more (deleted since the
+    call chose to link it): a lost race, which rolls the call's transaction back. The call runs
+    again once (its replay loads the session afresh and finds what is left); met again on the
+    replay, the call fails with this message (adapters/local.py)."""
+
+    def message(self) -> str:
+        return (f"result {self.anchor_id}, which this call links a Reuses edge to, is no longer in the store "
+                "(deleted meanwhile, with its session or by a repair); run the call again, or check the store with `jac fsck`")
 
 
 def links_by_id(intent: WriteIntent) -> bool:
@@ -46,13 +57,13 @@ def merge_by_id(store: Any, conn: sqlite3.Connection, intent: WriteIntent) -> No
     """Add the edges of a `links_by_id` intent to the stored node's row, in `store`'s (a
     SharedSqliteStore's) write transaction: on its text when the row is in the current format, else
     as the store merges the node loaded from the row with the edges appended (what the call would
-    have done loading it). A node deleted since is a lost race: the call runs again."""
+    have done loading it). A node deleted since is a lost race (`ResultGone`): the call runs again."""
     key = str(intent.anchor.id)
     stored = conn.execute(
         "SELECT type, arch_module, arch_type, fingerprint, data, format_version FROM anchors WHERE id = ?", (key,)
     ).fetchone()
     if stored is None:
-        raise WriteConflict(anchor_id=intent.anchor.id, expected_version=0, actual_version=-1)
+        raise ResultGone(anchor_id=intent.anchor.id, expected_version=0, actual_version=-1)
     if merge_edge_ids(conn, key, stored, intent.edges_added):
         return
     loaded = Serializer.deserialize(json.loads(stored[4]))

@@ -17,7 +17,7 @@ from jaclang.jac0core.runtime import JacRuntime, JacUtils  # noqa: E402
 from jaclang.lib import spawn  # noqa: E402
 from jaclang.runtimelib.exceptions import WriteConflict  # noqa: E402
 
-from contextrender import core, store, working_set  # noqa: E402
+from contextrender import by_id, core, store, working_set  # noqa: E402
 from contextrender.endpoints import ENDPOINTS, EndpointMethods  # noqa: E402
 from contextrender.locks import KeyedLocks  # noqa: E402
 
@@ -120,7 +120,10 @@ class Engine(EndpointMethods):
             for attempt in range(1, MAX_ATTEMPTS + 1):
                 try:
                     return self._attempt(build())
-                except WriteConflict:
+                except WriteConflict as conflict:
+                    # A result gone from the store: one replay (it loads the session afresh), then its name.
+                    if isinstance(conflict, by_id.ResultGone) and attempt > 1:
+                        raise core.ContextRenderError(conflict.message()) from None
                     if attempt == MAX_ATTEMPTS:
                         raise core.ContextRenderError(
                             f"the store kept changing under this call ({MAX_ATTEMPTS} attempts); retry it"

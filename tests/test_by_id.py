@@ -166,26 +166,113 @@ def test_a_result_linked_by_id_and_reached_later_in_the_same_call_keeps_its_edge
     assert [key for key in reuses if key not in rows[rows[key]["target"]]["edges"]] == []
 
 
+def test_a_result_deleted_before_the_flush_replays_the_call_once_naming_it(tmp_path, monkeypatch):
+    """The system root (the Engine) links a stored result by id without reading its row; the row
+    deleted before the call's flush (by another process) is a lost race that names the result, and
+    the one replay, which loads the session afresh, completes the call."""
+    engine = Engine(tmp_path / "store")
+    messages = trace_prefix(turns=14)
+    for end in range(4, len(messages) - 6, 3):
+        engine.ingest("s", messages[:end])
+    deleted: list[str] = []
+    apply = store.SharedSqliteStore._apply
+
+    def deleted_meanwhile(self, changeset):  # noqa: ANN001, ANN202
+        linked = [str(i.anchor.id) for i in changeset.intents.values() if by_id.links_by_id(i)]
+        if linked and not deleted:
+            with sqlite3.connect(_db(tmp_path)) as other:
+                other.execute("DELETE FROM anchors WHERE id = ?", (linked[0],))
+            deleted.append(linked[0])
+        return apply(self, changeset)
+
+    monkeypatch.setattr(store.SharedSqliteStore, "_apply", deleted_meanwhile)
+    raised: list[BaseException] = []
+    attempt = engine._attempt
+
+    def attempted(walker):  # noqa: ANN001, ANN202
+        try:
+            return attempt(walker)
+        except BaseException as error:
+            raised.append(error)
+            raise
+
+    monkeypatch.setattr(engine, "_attempt", attempted)
+    assert engine.ingest("s", messages).events > 0
+    assert len(deleted) == 1 and [type(e) for e in raised] == [by_id.ResultGone]
+    assert deleted[0] in str(raised[0]) and "no longer in the store" in str(raised[0])
+
+
+def test_a_result_still_gone_on_the_replay_fails_the_call_at_once_naming_it(tmp_path, monkeypatch):
+    """Met again on the one replay, a result gone from the store ends the call with its name, not
+    after every attempt with "the store kept changing"."""
+    import uuid
+
+    import pytest
+
+    from contextrender import ContextRenderError
+
+    engine = Engine(tmp_path / "store")
+    gone = uuid.uuid4()
+    attempts: list = []
+
+    def still_gone(walker):  # noqa: ANN001, ANN202
+        attempts.append(walker)
+        raise by_id.ResultGone(anchor_id=gone, expected_version=0, actual_version=-1)
+
+    monkeypatch.setattr(engine, "_attempt", still_gone)
+    with pytest.raises(ContextRenderError, match=f"result {gone}, which this call links a Reuses edge to, is no longer in the store"):
+        engine.ingest("s", trace_prefix(turns=3))
+    assert len(attempts) == 2
+
+
 def _db(tmp_path) -> str:  # noqa: ANN001
     return str(next((tmp_path / "store").rglob("*.db")))
 
 
-def test_on_the_server_every_reuse_edge_is_in_both_its_ends_lists(jac_server):
-    """A user's calls on the server (its own root, not the system root), in rounds: each stored
-    `Reuses` edge is in the edge lists of its operation and of its result, and the session reads."""
+# Put on the server's PYTHONPATH: the id of every node the store merges edges into by id.
+MERGE_SPY = """import os, sys, threading, time
+def _install():
+    while getattr(sys.modules.get("contextrender.store"), "SharedSqliteStore", None) is None:
+        time.sleep(0.05)
+    store = sys.modules["contextrender.store"].SharedSqliteStore
+    merge = store._merge_edge_ids
+    def _merge_edge_ids(self, conn, intent):
+        with open(os.environ["BY_ID_SPY_LOG"], "a") as log:
+            log.write(f"{intent.anchor.id}\\n")
+        return merge(self, conn, intent)
+    store._merge_edge_ids = _merge_edge_ids
+threading.Thread(target=_install, daemon=True).start()
+"""
+
+
+def test_on_the_server_reuses_are_merged_by_id_and_every_edge_is_in_both_its_ends_lists(tmp_path):
+    """A user's calls on the server (its own root, not the system root), in rounds: the server
+    links reuses of earlier results by id (the store's merge by id is called, on result rows), each
+    stored `Reuses` edge is in the edge lists of its operation and of its result, and the session
+    reads."""
     import uuid
 
     from contextrender import Client
+    from jacserver import JacServer
 
+    (tmp_path / "spy").mkdir()
+    (tmp_path / "spy" / "sitecustomize.py").write_text(MERGE_SPY)
+    log = tmp_path / "merged.log"
     messages = trace_prefix(turns=14)
-    with Client(jac_server.url) as client:
-        client.register(f"user_{uuid.uuid4().hex[:8]}", "secret-password-1")
-        links = sum(client.ingest("by-id", messages[:end]).reuse_links for end in range(4, len(messages) + 3, 3))
-        assert client.get_session("by-id", include_messages=True)["messages"] == messages
+    server = JacServer(tmp_path / "server", PYTHONPATH=str(tmp_path / "spy"), BY_ID_SPY_LOG=str(log)).start()
+    try:
+        with Client(server.url) as client:
+            client.register(f"user_{uuid.uuid4().hex[:8]}", "secret-password-1")
+            links = sum(client.ingest("by-id", messages[:end]).reuse_links for end in range(4, len(messages) + 3, 3))
+            assert client.get_session("by-id", include_messages=True)["messages"] == messages
+    finally:
+        server.stop()
     assert links > 4
-    path = str(next((jac_server.workdir / ".jac" / "data").glob("anchor_store.db")))
+    path = str(next((server.workdir / ".jac" / "data").glob("anchor_store.db")))
     with sqlite3.connect(path) as conn:
         rows = {key: json.loads(data) for (key, data) in conn.execute("SELECT id, data FROM anchors")}
+    merged = log.read_text().split() if log.exists() else []
+    assert len(merged) >= 3 and {rows[key]["archetype"]["__type__"] for key in merged} == {"ToolResult"}
     reuses = [(key, data) for (key, data) in rows.items() if data["archetype"]["__type__"] == "Reuses"]
     assert len(reuses) >= links
     for (key, data) in reuses:

@@ -50,19 +50,27 @@ class ServerPlugin:
         (adapters/working_set.py `server_memory_class`: about a third of a big call's time, in which it
         could not give way to the others), and its close freeing a big working set in slices
         (adapters/server/teardown.py: otherwise one full collection that holds every call)."""
-        from functools import partial
-
         from jac_scale.memory_hierarchy import ScaleTieredMemory
         from jac_scale.plugin import JacScalePlugin
 
-        from contextrender.server.teardown import close_untied
+        from contextrender.server.teardown import untied_on_close
         from contextrender.working_set import server_memory_class
 
         ctx = JacScalePlugin.create_j_context(user_root, base_path_dir, full_target_path)
         if type(ctx.mem) is ScaleTieredMemory:
             ctx.mem.__class__ = server_memory_class()
-            ctx.mem.close = partial(close_untied, ctx.mem, ctx.mem.close)
+            untied_on_close(ctx.mem)
         return ctx
+
+    @staticmethod
+    @hookimpl
+    def spawn_call(walker: Any, nd: Any) -> Any:
+        """Nothing (jaclang's own spawn answers): the walker is noted on a server request's working
+        set, whose close empties it with a big call's anchors (adapters/server/teardown.py)."""
+        from contextrender.server.teardown import note_walker
+
+        note_walker(walker)
+        return None
 
     @staticmethod
     @hookimpl
