@@ -33,7 +33,7 @@ _FROM: dict[str, tuple[str, ...]] = {
     "engine.cancel": ("CLIENT_LEFT",),
     # The calls in progress the guard counts, and the long passes' courtesy to them (the store's
     # row serialisation gives way too); the young collections of a process with an Engine.
-    "engine.courtesy": ("CALLS", "TURN", "CallTurn", "give_way", "serve_young_collections", "background_pass"),
+    "engine.courtesy": ("CALLS", "TURN", "CallTurn", "give_way", "serve_young_collections", "serve_short_waits", "background_pass"),
     "graph.content": ("content_text",),
     "engine.measure": ("get_tokenizer", "get_embedder", "warm_up", "EMBED_CLIP", "DEFAULT_ENCODING"),
     # The restore tool the proxy offers, as its stubs name it; the fold index's opening lines

@@ -14,9 +14,9 @@ proxy, sent right after (as benchmarks/proxy_bench.py and peer_proxy_bench.py me
 
 `--young-thresholds` serves the proxy with each young-collection threshold in turn (the first value
 of Python's `gc.set_threshold`), alternated, `--rounds` times: `default` is the proxy as users start
-it (its Engine raises Python's 700 to engine/courtesy.jac's YOUNG_THRESHOLD); a number is set
-before the proxy starts, which the Engine then leaves as it is (700 is set as 701, so that it does
-not count as Python's own). Per run it prints the requests, the proxy process's CPU (user + system,
+it (Python's 700: its Engine raises it to engine/courtesy.jac's YOUNG_THRESHOLD, the command gives
+it back); a number is set before the proxy starts, which the Engine and the command then leave as
+it is (700 is set as 701, so that it does not count as Python's own). Per run it prints the requests, the proxy process's CPU (user + system,
 /proc) per request, the time in the proxy p50 / p95 / max, and at the end the medians per setting.
 """
 

@@ -203,3 +203,21 @@ def test_load_traces_parts_split_each_file_in_two_halves(tmp_path):
     assert sorted(ids("train") + ids("held-out")) == ids("all")
     with pytest.raises(ValueError, match="held-out"):
         load_traces([path], 0, "test")
+
+
+def test_the_proxy_on_the_engine_keeps_python_s_young_threshold(tmp_path):
+    """The proxy serves agents side by side: its Engine's higher young threshold (fewer young
+    collections) lengthened their waits, so the command gives Python's back (engine/courtesy.jac)."""
+    import argparse
+    import gc
+
+    from contextrender.proxy.command import _backend
+
+    before = gc.get_threshold()
+    gc.set_threshold(700, *before[1:])
+    try:
+        engine = _backend(argparse.Namespace(server=None, store=tmp_path / "store"))
+        assert gc.get_threshold()[0] == 700
+        engine.close()
+    finally:
+        gc.set_threshold(*before)

@@ -333,3 +333,16 @@ def test_the_young_threshold_and_the_hold_of_full_collections_keep_each_other(py
     finally:
         courtesy.CALLS.release_full_collections()
     assert gc.get_threshold() == (courtesy.YOUNG_THRESHOLD, *thresholds[1:])
+
+
+def test_the_proxy_gives_python_s_young_threshold_back_and_keeps_an_application_s(python_thresholds):
+    import gc
+
+    courtesy = python_thresholds
+    core.serve_young_collections()  # its Engine raised it
+    core.serve_short_waits()
+    assert gc.get_threshold()[0] == courtesy.PYTHON_YOUNG_THRESHOLD
+    gc.set_threshold(courtesy.YOUNG_THRESHOLD, *gc.get_threshold()[1:])  # the host application's own
+    core.serve_young_collections()
+    core.serve_short_waits()
+    assert gc.get_threshold()[0] == courtesy.YOUNG_THRESHOLD

@@ -34,9 +34,12 @@ def _backend(args: argparse.Namespace) -> Any:
                 )
             client.login(username, password)
         return client
+    from contextrender import core
     from contextrender.local import Engine
 
-    return Engine(args.store)
+    engine = Engine(args.store)
+    core.serve_short_waits()  # agents side by side: Python's young threshold (engine/courtesy.jac)
+    return engine
 
 
 def _refuse(message: str) -> int:
