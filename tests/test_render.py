@@ -420,8 +420,8 @@ def test_results_smaller_than_their_restore_call_are_not_listed(engine, monkeypa
     budget = 1500
     # What each index is made to list (its order), before the results shown above it are taken out.
     made = []
-    listed = RenderPlan.listed_marker
-    monkeypatch.setattr(RenderPlan, "listed_marker", lambda plan, order, cap: made.append({plan.index.result_handle[r] for r in order}) or listed(plan, order, cap))
+    listed = RenderPlan.index_listing
+    monkeypatch.setattr(RenderPlan, "index_listing", lambda plan, order, cap: made.append({plan.index.result_handle[r] for r in order}) or listed(plan, order, cap))
     result = engine.render("s", messages, budget=budget, explain=True)
     handles = {d.call_id: d.handle for d in result.decisions}
     assert result.folded_messages > 4
@@ -877,8 +877,8 @@ def test_a_fold_index_listed_by_reuse_is_made_again_only_when_its_order_changes(
     from engine.plan import RenderPlan
 
     made = []
-    listed = RenderPlan.listed_marker
-    monkeypatch.setattr(RenderPlan, "listed_marker", lambda plan, folded, cap: made.append(list(folded)) or listed(plan, folded, cap))
+    listed = RenderPlan.index_listing
+    monkeypatch.setattr(RenderPlan, "index_listing", lambda plan, folded, cap: made.append(list(folded)) or listed(plan, folded, cap))
     messages = folded_session(10)
     first = engine.render("s", messages, budget=1500, policy="per-call", fold_index_order="reused")
     again = engine.render("s", messages, budget=1500, policy="per-call", fold_index_order="reused")
