@@ -927,13 +927,13 @@ def test_the_fold_index_never_lists_a_result_shown_in_full(engine, settings):
     assert folded_shown > 0
 
 
-def _checks(rounds: int) -> list[dict]:
-    """An agent running checks: the first call's label names another result's handle ("r3", the
-    third call's, which has no arguments and so is named bare), and the latest calls use a value
-    of that third result, so that it is shown in full once folded."""
+def _checks(rounds: int, first: str = "echo r3 and more") -> list[dict]:
+    """An agent running checks: the first call's command is `first` (its label names another
+    result's handle, "r3", the third call's, which has no arguments and so is named bare), and the
+    latest calls use a value of that third result, so that it is shown in full once folded."""
     messages = [user("Run the checks and fix the bug.")]
     for i in range(rounds):
-        arguments = {} if i == 2 else {"command": "echo r3 and more" if i == 0 else f"check part {i}" if i < 6 else "fix ERRCODE_77"}
+        arguments = {} if i == 2 else {"command": first if i == 0 else f"check part {i}" if i < 6 else "fix ERRCODE_77"}
         body = " ".join(f"out_{i}_line_{j} = value_{j}" for j in range(40)) + (" ERRCODE_77" if i == 2 else "")
         messages += [assistant(f"Step {i}.", call(f"call_{i}", "run", arguments)), tool(f"call_{i}", body)]
     return messages
@@ -975,3 +975,18 @@ def test_the_fold_index_as_sent_is_written_from_its_listing_not_cut_from_its_tex
             shown_r3 += 1
             assert "r1 (echo r3 and more)" in fold_index_text(result)
     assert shown_r3 >= 2
+
+
+def test_a_described_line_that_ends_like_a_tool_line_stays_in_the_index_as_sent(engine):
+    """With `fold_index_digest`, a folded result left out is described by its call's arguments;
+    cut from the text, the index as sent dropped a described line ending in " results:" (taken for
+    a tool's line left empty) whenever a folded result was shown."""
+    messages = _checks(10, first="echo test results:")
+    described = 0
+    for end in range(3, len(messages) + 1, 2):
+        result = engine.render("s", messages[:end], budget=1500, fold_index_digest=40)
+        text = fold_index_text(result)
+        if "\nr2 run: check part 1" in text:
+            described += 1
+            assert "\nr1 run: echo test results:" in text, end
+    assert described >= 2
