@@ -420,8 +420,8 @@ def test_results_smaller_than_their_restore_call_are_not_listed(engine, monkeypa
     budget = 1500
     # What each index is made to list (its order), before the results shown above it are taken out.
     made = []
-    listed = RenderPlan.listed_marker
-    monkeypatch.setattr(RenderPlan, "listed_marker", lambda plan, order, cap: made.append({plan.index.result_handle[r] for r in order}) or listed(plan, order, cap))
+    listed = RenderPlan.index_listing
+    monkeypatch.setattr(RenderPlan, "index_listing", lambda plan, order, cap: made.append({plan.index.result_handle[r] for r in order}) or listed(plan, order, cap))
     result = engine.render("s", messages, budget=budget, explain=True)
     handles = {d.call_id: d.handle for d in result.decisions}
     assert result.folded_messages > 4
@@ -877,8 +877,8 @@ def test_a_fold_index_listed_by_reuse_is_made_again_only_when_its_order_changes(
     from engine.plan import RenderPlan
 
     made = []
-    listed = RenderPlan.listed_marker
-    monkeypatch.setattr(RenderPlan, "listed_marker", lambda plan, folded, cap: made.append(list(folded)) or listed(plan, folded, cap))
+    listed = RenderPlan.index_listing
+    monkeypatch.setattr(RenderPlan, "index_listing", lambda plan, folded, cap: made.append(list(folded)) or listed(plan, folded, cap))
     messages = folded_session(10)
     first = engine.render("s", messages, budget=1500, policy="per-call", fold_index_order="reused")
     again = engine.render("s", messages, budget=1500, policy="per-call", fold_index_order="reused")
@@ -925,3 +925,68 @@ def test_the_fold_index_never_lists_a_result_shown_in_full(engine, settings):
             # Every folded result left out is still named (the index has room for all ten here).
             assert {handle(c) for c in folded - whole} <= listed, (end, sorted(listed), sorted(folded - whole))
     assert folded_shown > 0
+
+
+def _checks(rounds: int, first: str = "echo r3 and more") -> list[dict]:
+    """An agent running checks: the first call's command is `first` (its label names another
+    result's handle, "r3", the third call's, which has no arguments and so is named bare), and the
+    latest calls use a value of that third result, so that it is shown in full once folded."""
+    messages = [user("Run the checks and fix the bug.")]
+    for i in range(rounds):
+        arguments = {} if i == 2 else {"command": first if i == 0 else f"check part {i}" if i < 6 else "fix ERRCODE_77"}
+        body = " ".join(f"out_{i}_line_{j} = value_{j}" for j in range(40)) + (" ERRCODE_77" if i == 2 else "")
+        messages += [assistant(f"Step {i}.", call(f"call_{i}", "run", arguments)), tool(f"call_{i}", body)]
+    return messages
+
+
+def _expected_index(messages: list[dict], result) -> str:
+    """The fold index naming every folded result not shown in full (all fit here), each entry as
+    `index_entry` writes it, in result order on the tool's line."""
+    from engine.notices import FOLD_INDEX_HEADING, handles_line, index_entry
+
+    calls = [c for m in messages[: result.folded_messages] if m["role"] == "assistant" for c in m.get("tool_calls") or []]
+    whole = {m["tool_call_id"] for m in result.messages if m["role"] == "tool" and "omitted to fit" not in str(m["content"])}
+    entries = [index_entry(f"r{i + 1}", c["function"]["arguments"], 16) for (i, c) in enumerate(calls) if c["id"] not in whole]
+    return f"{FOLD_INDEX_HEADING}\n{handles_line('run', entries)}" if entries else ""
+
+
+def test_the_fold_index_as_sent_is_written_from_its_listing_not_cut_from_its_text(tmp_path):
+    """The index as sent leaves out the folded results shown in full above it. Cut from the
+    index's text, a bare entry ("r3") was also found inside another entry's label ("r1 (echo r3
+    and more)") and taken out of it, and r3 stayed listed; written from the listing, every other
+    entry is as the full index has it. A render after a restart that keeps the marker (an append)
+    sends the same index: the listing is stored with the marker."""
+    from engine.index import SESSION_CACHE
+
+    steady = Engine(tmp_path / "steady")
+    messages = _checks(10)
+    shown_r3 = 0
+    for end in range(3, len(messages) + 1, 2):
+        # A restart: the reopened store's index is rebuilt, the steady one's stays cached.
+        for key in [k for k in SESSION_CACHE._indexes if str(tmp_path / "restarted") in k]:
+            SESSION_CACHE.drop(key)
+        restarted = Engine(tmp_path / "restarted")
+        result = steady.render("s", messages[:end], budget=1500, explain=True)
+        assert_sound(result, 1500)
+        assert fold_index_text(result) == _expected_index(messages[:end], result), end
+        again = restarted.render("s", messages[:end], budget=1500, explain=True)
+        assert again.messages == result.messages and again.mode == result.mode, end
+        if result.folded_messages > 5 and any(m.get("tool_call_id") == "call_2" for m in result.messages):
+            shown_r3 += 1
+            assert "r1 (echo r3 and more)" in fold_index_text(result)
+    assert shown_r3 >= 2
+
+
+def test_a_described_line_that_ends_like_a_tool_line_stays_in_the_index_as_sent(engine):
+    """With `fold_index_digest`, a folded result left out is described by its call's arguments;
+    cut from the text, the index as sent dropped a described line ending in " results:" (taken for
+    a tool's line left empty) whenever a folded result was shown."""
+    messages = _checks(10, first="echo test results:")
+    described = 0
+    for end in range(3, len(messages) + 1, 2):
+        result = engine.render("s", messages[:end], budget=1500, fold_index_digest=40)
+        text = fold_index_text(result)
+        if "\nr2 run: check part 1" in text:
+            described += 1
+            assert "\nr1 run: echo test results:" in text, end
+    assert described >= 2
