@@ -117,13 +117,16 @@ class Engine(EndpointMethods):
         # An id that is not a string gets no lock: the walker refuses it before touching anything.
         held = self._locks.hold(session_id) if isinstance(session_id, str) else contextlib.nullcontext()
         with held:
+            gone_before = False
             for attempt in range(1, MAX_ATTEMPTS + 1):
                 try:
                     return self._attempt(build())
                 except WriteConflict as conflict:
                     # A result gone from the store: one replay (it loads the session afresh), then its name.
-                    if isinstance(conflict, by_id.ResultGone) and attempt > 1:
-                        raise core.ContextRenderError(conflict.message()) from None
+                    if isinstance(conflict, by_id.ResultGone):
+                        if gone_before:
+                            raise core.ContextRenderError(conflict.message()) from None
+                        gone_before = True
                     if attempt == MAX_ATTEMPTS:
                         raise core.ContextRenderError(
                             f"the store kept changing under this call ({MAX_ATTEMPTS} attempts); retry it"

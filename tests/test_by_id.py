@@ -202,6 +202,31 @@ def test_a_result_deleted_before_the_flush_replays_the_call_once_naming_it(tmp_p
     assert deleted[0] in str(raised[0]) and "no longer in the store" in str(raised[0])
 
 
+def test_a_result_first_found_gone_on_a_later_attempt_still_gets_its_replay(tmp_path, monkeypatch):
+    """An ordinary lost race, then a result gone, then a clean attempt: the call completes (the one
+    replay a gone result gets counts gone results, not attempts)."""
+    import uuid
+
+    from jaclang.runtimelib.changeset import WriteConflict
+
+    engine = Engine(tmp_path / "store")
+    attempt = engine._attempt
+    raised = iter([WriteConflict(anchor_id=uuid.uuid4(), expected_version=0, actual_version=1),
+                   by_id.ResultGone(anchor_id=uuid.uuid4(), expected_version=0, actual_version=-1)])
+    attempts: list = []
+
+    def lost_then_gone(walker):  # noqa: ANN001, ANN202
+        attempts.append(walker)
+        failure = next(raised, None)
+        if failure is not None:
+            raise failure
+        return attempt(walker)
+
+    monkeypatch.setattr(engine, "_attempt", lost_then_gone)
+    summary = engine.ingest("s", trace_prefix(turns=3))
+    assert len(attempts) == 3 and summary.added > 0
+
+
 def test_a_result_still_gone_on_the_replay_fails_the_call_at_once_naming_it(tmp_path, monkeypatch):
     """Met again on the one replay, a result gone from the store ends the call with its name, not
     after every attempt with "the store kept changing"."""

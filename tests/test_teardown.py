@@ -67,7 +67,7 @@ for thread in threading.enumerate():
 del ctx
 print(sum(r() is not None for r in refs), first.__jac__.archetype is first and len(first.__jac__.edges) == 2,
       bool(third) and third[0] > thresholds[2], gc.get_threshold() == thresholds, core.CALLS.running, core.CALLS.holding,
-      walker_alive() is not None)
+      walker_alive() is not None, len(third))
 """
 
 
@@ -75,7 +75,15 @@ def probe(nodes: int, untie_at_least: int, tmp_path, held: bool = False) -> list
     done = subprocess.run([sys.executable, "-c", PROBE, str(nodes), str(untie_at_least), "held" if held else "-"], cwd=tmp_path,
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
-    return done.stdout.strip().splitlines()[-1].split()
+    return done.stdout.strip().splitlines()[-1].split()[:7]
+
+
+def threads_untied(nodes: int, untie_at_least: int, tmp_path, held: bool = False) -> int:
+    """How many times a probe's close handed anchors to the untying thread."""
+    done = subprocess.run([sys.executable, "-c", PROBE, str(nodes), str(untie_at_least), "held" if held else "-"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return int(done.stdout.strip().splitlines()[-1].split()[7])
 
 
 def test_a_big_working_set_is_freed_without_a_full_collection(tmp_path):
@@ -103,6 +111,44 @@ def test_an_ordinary_working_set_closed_while_a_long_call_runs_is_untied_at_once
     (alive, first_intact, held, given_back, running, holding, walker_alive) = probe(200, 1000, tmp_path, held=True)
     assert (alive, walker_alive) == ("0", "False")
     assert (first_intact, held, running, holding) == ("True", "False", "0", "1")
+
+
+def test_a_mid_sized_working_set_closed_while_a_long_call_runs_is_untied_in_a_thread(tmp_path):
+    """Full collections held: a context over UNTIE_SLICE anchors (under the big call's threshold)
+    is untied slice by slice in a thread, not on the closing thread (the server's event loop);
+    every node is freed all the same and the hold is left as it was."""
+    (alive, first_intact, held, given_back, running, holding, walker_alive) = probe(1000, 10_000, tmp_path, held=True)
+    assert (alive, walker_alive, first_intact, running, holding) == ("0", "False", "True", "0", "1")
+    assert threads_untied(1000, 10_000, tmp_path, held=True) == 1
+    assert threads_untied(200, 10_000, tmp_path, held=True) == 0
+
+
+# A walker spawned with the server's plugin on but no request context (the process's own context):
+# how many walkers that context's working set noted.
+OUTSIDE_A_REQUEST = """
+from contextrender.jaclang_setup import import_jaclang
+import_jaclang()
+from contextrender.server.plugin import register_server
+assert register_server()
+from contextrender.server import teardown
+import jaclang.lib as L
+from jaclang.jac0core.runtime import JacRuntime
+
+class Visitor(L.Walker):
+    pass
+
+for _ in range(3):
+    L.spawn(Visitor(), L.root())
+print(len(getattr(JacRuntime.get_context().mem, teardown._WALKERS, None) or []))
+"""
+
+
+def test_a_walker_spawned_outside_a_request_is_not_kept(tmp_path):
+    """The process's own context closes only at exit: walkers spawned in it (a job, an embedding
+    process with the plugin on) are not noted, or they would live as long as the process."""
+    done = subprocess.run([sys.executable, "-c", OUTSIDE_A_REQUEST], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == "0"
 
 
 def test_the_full_collection_after_the_slices_waits_for_a_moment_without_calls(monkeypatch):

@@ -15,16 +15,20 @@ process (`_process_cache['system_root']`) and what its edges reach: roots and th
 edges reach are left as they are.
 
 The walkers a request spawned (the plugin's `spawn_call` hook notes them on the context's working
-set: `note_walker`) are emptied first: each walker's anchor lists every node it visited (`path`)
+set: `note_walker`; none spawned outside a request, in the process's own context) are emptied first: each walker's anchor lists every node it visited (`path`)
 and its fields hold the call's messages and made nodes, and a walker and its anchor are a cycle of
 their own, out of the working set's reach. Left whole, a 40,000-message call's walkers kept about
 300,000 objects for the collector after the slices (docs/performance.md, "Many users, a third
-round"). The request's answer is made before its context closes, so nothing reads them again.
+round"). The request's answer is made before its context closes, so nothing reads them again
+(jac-scale closes the context when the answer starts: a walker whose answer streamed, none of
+ContextRender's does, would run on what was untied).
 
-While full collections are held (a long call in progress, for a minute at 40,000 messages), every
-other call's context is untied too, at once when it closes (tens to hundreds of anchors): their
-cycles otherwise piled up for the one collection after the long call (about 290,000 objects from
-30 users' calls in a minute, 1.0 s).
+While full collections are held (a long call in progress, for a minute at 40,000 messages; also
+any call's ingestion or store flush, and a call past 0.1 s closing before its guard leaves), every
+other context is untied too when it closes: its cycles otherwise piled up for the one collection
+after the long call (about 290,000 objects from 30 users' calls in a minute, 1.0 s). Up to
+UNTIE_SLICE anchors at once (the close runs on the server's event loop: about 2-4 µs an anchor),
+more in a thread of their own, slice by slice, without the collection after.
 """
 
 from __future__ import annotations
@@ -64,7 +68,10 @@ def note_walker(walker: Any) -> None:
     server request's (the plugin's `spawn_call` hook)."""
     from jaclang.jac0core.runtime import JacRuntime
 
-    spawned = getattr(JacRuntime.get_context().mem, _WALKERS, None)
+    ctx = JacRuntime.get_context()
+    if ctx is JacRuntime.exec_ctx:  # the process's own context (no request): closed only at exit
+        return
+    spawned = getattr(ctx.mem, _WALKERS, None)
     if spawned is not None:
         spawned.append(walker)
 
@@ -73,15 +80,19 @@ def close_untied(memory: Any, close: Any) -> None:
     """`close` (the working set's own), then a big working set's anchors (its request's walkers
     first) untied in slices in a thread of their own; full collections wait from before the close
     until the last slice. An ordinary working set closed while full collections are held (a long
-    call in progress) is untied at once: its cycles would otherwise pile up for the collection
-    after the long call."""
+    call in progress) is untied too, at once or (over UNTIE_SLICE anchors) in a thread: its cycles
+    would otherwise pile up for the collection after the long call."""
     from contextrender import core
 
     anchors = [*(vars(memory).pop(_WALKERS, None) or ()), *memory.__mem__.values()]
     if len(memory.__mem__) < UNTIE_AT_LEAST:
         close()
-        if core.CALLS.holding:
+        if not core.CALLS.holding:
+            return
+        if len(anchors) <= UNTIE_SLICE:
             _untie_all(anchors)
+        else:
+            threading.Thread(target=untie_in_slices, args=(anchors, None), name="contextrender-untie", daemon=True).start()
         return
     turn = core.background_pass()  # counted from here: no full collection before the slices are done
     try:
@@ -93,7 +104,7 @@ def close_untied(memory: Any, close: Any) -> None:
 
 
 def _untie_all(anchors: list) -> None:
-    """Break the cycles of `anchors` (a closed ordinary context's: tens to hundreds) in one go."""
+    """Break the cycles of `anchors` (a closed ordinary context's: up to UNTIE_SLICE) in one go."""
     kept = _left_as_they_are(anchors)
     for anchor in anchors:
         if id(anchor) not in kept:
