@@ -142,7 +142,7 @@ def _value(val: Any) -> Any:
 
 def _access(access: Any) -> Any:
     if type(access) is Permission and type(access.roots) is Access:
-        return {"all": access.all.value, "roots": {"anchors": {id_text(k) if type(k) is UUID else str(k): v.value for (k, v) in access.roots.anchors.items()}}}
+        return {"all": access.all.value, "roots": {"anchors": {_text(k): v.value for (k, v) in access.roots.anchors.items()}}}
     return Serializer._serialize_value(access, True)
 
 
