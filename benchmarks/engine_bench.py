@@ -8,6 +8,13 @@ Prints medians measured in this run. Histories are built from the real tool resu
 adds the N longest of those coding sessions as recorded, each ingested in one call and in rounds
 of 20 messages. `--checkout PATH` runs the same rows in a process of another checkout (its
 .venv), alternated with this one's `--alternate` times.
+
+Each ingestion row runs in a fresh process of its own, with the caches a server has after its
+start (`Engine.warm_up` and one small call of another session): the tokenizer's counts, the
+embedder's words and TFA's values are those of that row's texts alone. `--shared-process` runs
+them all in this process instead, in order, the computation row first, as before: its texts are
+the first ingest row's, so those rows then meet caches warmed by the rows before them (the
+figures measured before 2026-12-06 15:00 UTC are of that kind).
 """
 
 from __future__ import annotations
@@ -144,6 +151,43 @@ def bench_sessions(store: Path, sessions: list[list[dict]], chunk: int) -> tuple
     return text / 1e6 / seconds, text / 1e6 / cpu, text / 1e6
 
 
+def warm_like_a_server(store: Path) -> None:
+    """What a server has done before the calls it serves: its models loaded (`warm_up`) and one
+    small call of another session (the code paths loaded, a few words and counts cached)."""
+    engine = Engine(store)
+    engine.warm_up()
+    engine.ingest("warm-up", [{"role": "user", "content": "Warm up."},
+                              {"role": "assistant", "content": "", "tool_calls": [
+                                  {"id": "w1", "type": "function", "function": {"name": "ls", "arguments": "{}"}}]},
+                              {"role": "tool", "tool_call_id": "w1", "content": "README.md setup.py"}])
+
+
+def ingest_rows(args: argparse.Namespace) -> list[str]:
+    """The ingestion rows, by name (`--row` runs one)."""
+    rows = ["computation"] + [f"ingest:{chunk}" for chunk in args.rounds_per_call]
+    return rows + ([f"traces:{args.traces}:0", f"traces:{args.traces}:20"] if args.traces else [])
+
+
+def run_row(row: str, pairs: list[tuple[dict, dict]], store: Path) -> str:
+    """One ingestion row, measured in this process: its line."""
+    (kind, *numbers) = row.split(":")
+    if kind == "computation":
+        (rate, cpu_rate) = ingest_computation(pairs, 2000)
+        return (f"ingest computation only (tokens, values, embeddings; no store), 2,000 results: {rate:.2f} MB/s "
+                f"({cpu_rate:.2f} MB/s of CPU time)")
+    if kind == "ingest":
+        chunk = int(numbers[0])
+        rate, cpu_rate, megabytes = bench_ingest(Engine(store / f"i{chunk}"), pairs, 2000, chunk)
+        return (f"ingest, 2,000 results ({megabytes:.1f} MB of result text), {chunk:>2} round(s) per call: {rate:.2f} MB/s "
+                f"({cpu_rate:.2f} MB/s of CPU time)")
+    (count, chunk) = (int(numbers[0]), int(numbers[1]))
+    sessions = long_sessions(count)
+    rate, cpu_rate, megabytes = bench_sessions(store / f"t{chunk}", sessions, chunk)
+    how = "in one call each" if not chunk else f"in rounds of {chunk} messages"
+    return (f"ingest, the {count} longest coding sessions ({megabytes:.2f} MB of result text, "
+            f"{sum(map(len, sessions))} messages), {how}: {rate:.2f} MB/s ({cpu_rate:.2f} MB/s of CPU time)")
+
+
 def alternate(args: argparse.Namespace) -> None:
     """This checkout's rows and `args.checkout`'s, in turn, `args.alternate` times each."""
     own, skip = [], False
@@ -173,9 +217,18 @@ def main() -> None:
     parser.add_argument("--traces", type=int, default=0, help="also ingest the N longest recorded coding sessions")
     parser.add_argument("--checkout", type=Path, help="alternate with the same rows run by this checkout (with its .venv)")
     parser.add_argument("--alternate", type=int, default=3, help="rounds of each with --checkout")
+    parser.add_argument("--shared-process", action="store_true",
+                        help="the ingestion rows in this process, one after another (caches warmed by the rows before)")
+    parser.add_argument("--row", help=argparse.SUPPRESS)  # one ingestion row, in a fresh process
     args = parser.parse_args()
     if args.checkout:
         alternate(args)
+        return
+    if args.row:
+        with tempfile.TemporaryDirectory() as store:
+            pairs = trace_turns()
+            warm_like_a_server(Path(store) / "warm")
+            print(run_row(args.row, pairs, Path(store)), flush=True)
         return
     if args.ingest_only:
         args.sizes = []
@@ -206,20 +259,12 @@ def main() -> None:
                 )
         if args.per_call_only:
             return
-        (rate, cpu_rate) = ingest_computation(pairs, 2000)
-        print(f"ingest computation only (tokens, values, embeddings; no store), 2,000 results: {rate:.2f} MB/s "
-              f"({cpu_rate:.2f} MB/s of CPU time)", flush=True)
-        for chunk in args.rounds_per_call:
-            rate, cpu_rate, megabytes = bench_ingest(Engine(Path(store) / f"i{chunk}"), pairs, 2000, chunk)
-            print(f"ingest, 2,000 results ({megabytes:.1f} MB of result text), {chunk:>2} round(s) per call: {rate:.2f} MB/s "
-                  f"({cpu_rate:.2f} MB/s of CPU time)", flush=True)
-        if args.traces:
-            sessions = long_sessions(args.traces)
-            for chunk in (0, 20):
-                rate, cpu_rate, megabytes = bench_sessions(Path(store) / f"t{chunk}", sessions, chunk)
-                how = "in one call each" if not chunk else f"in rounds of {chunk} messages"
-                print(f"ingest, the {args.traces} longest coding sessions ({megabytes:.2f} MB of result text, "
-                      f"{sum(map(len, sessions))} messages), {how}: {rate:.2f} MB/s ({cpu_rate:.2f} MB/s of CPU time)", flush=True)
+        for row in ingest_rows(args):
+            if args.shared_process:
+                print(f"{run_row(row, pairs, Path(store))}  (one process)", flush=True)
+                continue
+            child = subprocess.run([sys.executable, __file__, "--row", row], capture_output=True, text=True, check=True)
+            print(f"{child.stdout.strip()}  (fresh process)", flush=True)
 
 
 if __name__ == "__main__":
