@@ -72,6 +72,32 @@ def test_an_answer_placed_after_a_position_is_compared_with_the_chain_there(engi
     assert engine.get_session("s")["branch"] == 1
 
 
+def test_the_fork_test_does_not_compare_the_resent_history_again(engine, monkeypatch):
+    """split_messages compared the resent history with the stored chain and says how far they
+    agree: ingestion's fork test starts there (it compared the whole history a second time)."""
+    import copy
+
+    import walkers.ingest as ingest_module
+
+    messages = run(30)
+    engine.ingest("s", messages)
+    compared: list = []
+    real = ingest_module.matching_run
+    monkeypatch.setattr(ingest_module, "matching_run", lambda a, i, b, j: compared.append(real(a, i, b, j)) or compared[-1])
+    grown = engine.ingest("s", copy.deepcopy(messages) + [user("next")])
+    assert (grown.added, grown.forked_at) == (1, -1) and sum(compared) == 0
+    edited = copy.deepcopy(messages)
+    edited[21] = tool("c9", "edited")
+    fork = engine.ingest("s", edited)
+    assert fork.forked_at == 20 and sum(compared) == 0
+    # An echo of an answer (the same text and calls, re-serialised) is still not a rewrite.
+    echoed = copy.deepcopy(messages) + [user("again")]
+    echoed[4] = dict(echoed[4], refusal=None)
+    assert engine.ingest("t", messages).added == len(messages) - 1
+    again = engine.ingest("t", echoed)
+    assert (again.added, again.forked_at) == (1, -1) and sum(compared) == len(messages) - 1 - 4
+
+
 def test_at_past_the_chain_is_refused(engine):
     engine.ingest("s", run(1))
     with pytest.raises(InvalidRequest, match="at=9"):

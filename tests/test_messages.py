@@ -23,8 +23,8 @@ def checked(monkeypatch) -> list[str]:
 
 def test_the_stored_chain_is_not_checked_again(monkeypatch):
     seen = checked(monkeypatch)
-    (system, chain) = messages_module.split_messages(HISTORY + [user("next")], HISTORY[1:])
-    assert system == HISTORY[:1] and chain == HISTORY[1:] + [user("next")]
+    (system, chain, same) = messages_module.split_messages(HISTORY + [user("next")], HISTORY[1:])
+    assert system == HISTORY[:1] and chain == HISTORY[1:] + [user("next")] and same == len(HISTORY) - 1
     # The system prompt, the first chain message (it decides where the chain starts) and the new one.
     assert seen == ["messages[0]", "messages[1]", "messages[5]"]
 
@@ -74,7 +74,7 @@ def test_a_resent_history_with_a_changed_message_far_in_is_checked_there(monkeyp
         messages_module.split_messages(resent, stored)
     resent[70] = user("changed")
     seen.clear()
-    (_, chain) = messages_module.split_messages(resent + [user("new")], stored)
+    (_, chain, _) = messages_module.split_messages(resent + [user("new")], stored)
     assert chain == resent[1:] + [user("new")]
     assert seen == ["messages[0]", "messages[1]", "messages[70]", "messages[105]"]
 
@@ -85,7 +85,7 @@ def test_the_chain_holds_the_stored_objects_for_the_messages_equal_to_them():
     stored = HISTORY[1:] + [user(f"turn {i}") for i in range(100)]
     resent = [HISTORY[0]] + [dict(m) for m in stored]
     resent[40] = user("changed")
-    (_, chain) = messages_module.split_messages(resent + [user("new")], stored)
+    (_, chain, _) = messages_module.split_messages(resent + [user("new")], stored)
     assert chain == resent[1:] + [user("new")]
     # The first chain message is checked (it decides where the chain starts), and the changed one.
     assert all(chain[k] is stored[k] for k in range(1, len(stored)) if k != 39)
@@ -111,3 +111,19 @@ def test_ingestion_answers_the_same_for_an_edit_a_shortening_and_equal_copies(en
     fork = engine.ingest("s", edited)
     assert (fork.forked_at, fork.added) == (24, len(edited) - 1 - 24)
     assert engine.get_session("s")["events"] == len(edited) - 1
+
+
+def test_split_messages_counts_the_chain_messages_equal_to_the_stored_ones_from_the_first():
+    stored = HISTORY[1:] + [user(f"turn {i}") for i in range(100)]
+    resent = [HISTORY[0]] + [dict(m) for m in stored]
+    split = messages_module.split_messages
+    assert split(resent + [user("new")], stored)[2] == len(stored)
+    assert split(resent[:30], stored)[2] == 29  # shortened: the 29 it sends
+    for where in (1, 2, 3, 40, len(resent) - 1):
+        changed = resent[:where] + [user("changed")] + resent[where + 1:]
+        assert split(changed, stored)[2] == where - 1
+    assert split(resent, [])[2] == 0 and split([HISTORY[0]], stored)[2] == 0
+    # A stored system message mid-chain (ingestion's `at`) is still the caller's system prompt when it leads.
+    middle = [{"role": "system", "content": "later rule"}, user("after it")]
+    (system, chain, same) = split(middle, middle)
+    assert system == middle[:1] and chain == middle[1:] and same == 0
