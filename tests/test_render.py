@@ -990,3 +990,36 @@ def test_a_described_line_that_ends_like_a_tool_line_stays_in_the_index_as_sent(
             described += 1
             assert "\nr1 run: echo test results:" in text, end
     assert described >= 2
+
+
+def test_the_room_the_fold_index_frees_is_filled_once_with_fold_index_refill(engine):
+    """The index is reckoned with every folded result listed and sent without those shown in full
+    (`marker_sent`); with `fold_index_refill` the greedy selection continues into the room that
+    frees, so some render shows more results than without it, each one within B, and the index as
+    sent still names no result shown in full."""
+    import re
+
+    from engine.notices import FOLD_INDEX_HEADING
+
+    # Reads of long and short files: the room a few shown entries free fits a short result.
+    messages = [user("Read the files and fix the bug.")]
+    for i in range(16):
+        body = " ".join(f"file_{i}_line_{j} = value_{j}" for j in range((30, 3, 6)[i % 3]))
+        messages += [assistant(f"Reading file {i}.", call(f"call_{i}", "read", {"path": f"src/f{i}.py"})), tool(f"call_{i}", body)]
+    budget = 1500
+    handle = lambda call_id: f"r{int(call_id.split('_')[1]) + 1}"
+    more = 0
+    for end in range(3, len(messages) + 1, 2):
+        shown = {}
+        for refill in (False, True):
+            result = engine.render(f"s{refill}", messages[:end], budget=budget, policy="per-call", fold_index_refill=refill)
+            assert_sound(result, budget)
+            whole = {m["tool_call_id"] for m in result.messages if m["role"] == "tool" and "omitted to fit" not in str(m["content"])}
+            text = "\n".join(str(m["content"]) for m in result.messages if m["role"] == "user" and FOLD_INDEX_HEADING in str(m["content"]))
+            listed = set(re.findall(r"(?<![\w/])(r\d+)(?!\w)", text.partition(FOLD_INDEX_HEADING)[2]))
+            assert not listed & {handle(c) for c in whole}, (end, refill, sorted(listed), sorted(whole))
+            shown[refill] = whole
+        # It only adds: the paper's pass is made first, as without the setting.
+        assert shown[False] <= shown[True], end
+        more += len(shown[True]) > len(shown[False])
+    assert more > 0

@@ -111,3 +111,26 @@ def test_a_history_that_costs_exactly_the_budget_is_sent_whole(tmp_path):
     assert exact.history_tokens == cost and exact.omitted == 0 and exact.kept == whole.kept
     tighter = engine.render("fit", messages, budget=cost - 1)
     assert tighter.history_tokens <= cost - 1 and tighter.omitted + tighter.compacted >= 1
+
+
+def test_a_continued_selection_starts_from_the_similarity_so_far():
+    """`similar` gives each candidate's D at the start (fold_index_refill continues a selection):
+    a candidate close to one picked before is penalised as if the selection had never stopped."""
+    vectors = [[1.0, 0.0], [1.0, 0.0], [0.0, 1.0]]
+    fresh = select([1.0, 0.9, 0.7], costs=[5, 5, 5], remaining=5, vectors=vectors)
+    assert [p.candidate for p in fresh.picks] == [0]
+    # Continued after candidate 0: candidate 1 (the same vector) scores 0.9 - 0.5, under candidate 2's 0.7.
+    n = 3
+    continued = greedy_select(np.asarray([1.0, 0.9, 0.7]), np.asarray(vectors), [11, 5, 5], [0] * n, [-1] * n, 5, 0.5,
+                              np.asarray(vectors) @ np.asarray(vectors)[0])
+    assert [p.candidate for p in continued.picks] == [2]
+
+
+def test_the_headroom_fades_further_beyond_headroom_far_times_b():
+    from engine.score import headroom_share
+
+    assert headroom_share(0.5, 1000, 800, 0.0) == 0.5
+    assert headroom_share(0.5, 1000, 4000, 0.0) == 0.125
+    # Off below `far` times B; beyond it a further far * B / full.
+    assert headroom_share(0.5, 1000, 4000, 5.0) == 0.125
+    assert headroom_share(0.5, 1000, 4000, 2.0) == 0.0625

@@ -495,3 +495,22 @@ def test_keep_names_the_result_it_shows_first(tmp_path):
     status = {d.call_id: d.status for d in later.decisions}
     assert later.mode == "re-render" and status["a"] == status["b"] == "kept", (later.mode_reason, status)
     assert later.mode_reason.endswith("; result r2, left out and used since, shown first with its room beyond the cap")
+
+
+def test_headroom_far_fades_the_headroom_of_a_long_history(tmp_path):
+    """With `headroom_far`, once the full history is more than that many times B a re-render
+    leaves less room for the appends (a further far * B / full of the headroom): it fills more of
+    B than the plain headroom lets it, and stays within the faded cap."""
+    budget = 2000
+    settings = dict(headroom=0.6, cache_value=0.0, stickiness=0.0)
+    fuller = 0
+    for far in (0.0, 1.0):
+        results = replay(Engine(tmp_path / f"far{far}"), session(80), budget, headroom_far=far, **settings)
+        for result in results:
+            if result.mode != "re-render" or result.full_history_tokens <= budget:
+                continue
+            plain = 0.6 * budget / result.full_history_tokens
+            share = plain * min(1.0, far * budget / result.full_history_tokens) if far else plain
+            assert result.history_tokens <= budget * (1 - share) + 1
+            fuller += far > 0 and result.history_tokens > budget * (1 - plain) + 1
+    assert fuller > 0
