@@ -36,7 +36,7 @@ from jaclang.runtimelib.changeset import ChangeSet, snapshot_field_hashes  # noq
 from jaclang.runtimelib.serializer import Serializer  # noqa: E402
 from jaclang.runtimelib.typecache import get_field_types  # noqa: E402
 
-from contextrender.rows import field_names  # noqa: E402
+from contextrender.rows import field_names, serialised_value  # noqa: E402
 
 __all__ = ["UNKNOWN_HASH", "Lent", "lent", "rebaseline", "remember_edges"]
 
@@ -57,8 +57,9 @@ _EMPTY = {dict: _Text("{}"), list: _Text("[]"), tuple: _Text("[]")}
 
 
 def _json_text(value: Any) -> str:
-    """`value`'s JSON text as jaclang's field hash makes it."""
-    return json.dumps(Serializer._serialize_value(value, True), sort_keys=True, default=str)
+    """`value`'s JSON text as jaclang's field hash makes it (`Serializer._serialize_value`, the JSON
+    types taken as they are: adapters/rows.py)."""
+    return json.dumps(serialised_value(value), sort_keys=True, default=str)
 
 
 def _text(value: Any) -> _Text | None:

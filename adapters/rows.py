@@ -42,7 +42,8 @@ from jaclang.runtimelib.exceptions import WriteConflict  # noqa: E402
 from jaclang.runtimelib.serializer import Serializer  # noqa: E402
 from jaclang.runtimelib.typecache import get_field_types  # noqa: E402
 
-__all__ = ["INSERT_ROW", "anchor_row", "field_names", "forget_id_texts", "id_text", "merge_edge_ids", "merge_stored_text"]
+__all__ = ["INSERT_ROW", "anchor_row", "field_names", "forget_id_texts", "id_text", "merge_edge_ids", "merge_stored_text",
+           "serialised_value"]
 
 # jaclang's insert of a whole row (SqliteMemory._merge_write, its branch for a row not stored yet).
 INSERT_ROW = """
@@ -131,15 +132,15 @@ def field_names(arch: Any) -> tuple[str, ...] | None:
     return tuple([name for name in _attr_names(arch, known) if not callable(getattr(arch, name))])
 
 
-def _value(val: Any) -> Any:
+def serialised_value(val: Any) -> Any:
     """`Serializer._serialize_value(val, include_type=True)`, the JSON types taken as they are."""
     kind = type(val)
     if kind is str or kind is int or kind is float or kind is bool or val is None:
         return val
     if kind is list:
-        return [_value(item) for item in val]
+        return [serialised_value(item) for item in val]
     if kind is dict:
-        return {str(key): _value(item) for (key, item) in val.items()}
+        return {str(key): serialised_value(item) for (key, item) in val.items()}
     return Serializer._serialize_value(val, True)
 
 
@@ -167,7 +168,7 @@ def anchor_row(anchor: Any) -> tuple:
     for name in _attr_names(arch, known):
         value = getattr(arch, name)
         if not callable(value):
-            attrs[name] = _value(value)
+            attrs[name] = serialised_value(value)
     attic = getattr(arch, "__jac_attic__", None)
     if isinstance(attic, dict) and attic:
         attrs["__jac_attic__"] = Serializer._serialize_value(attic, True)

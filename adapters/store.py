@@ -8,7 +8,7 @@ in-process Engine, adapters/local.py, both answer it with `SharedSqliteStore`):
 - **Short commits**: the rows of the nodes and edges a call creates are serialised before the
   write transaction (jaclang serialised inside it: the lock held 13.7 s for a 40,000-message
   ingestion), giving way on the server (engine/courtesy.jac); inside it each is only inserted
-  (when no row with its id is stored, read once per 500 ids) or merged as jaclang merges it.
+  (`INSERT OR IGNORE`: no read) or, when a row with its id is stored, merged as jaclang merges it.
 - **A big flush's new rows written ahead**: a flush creating more than WRITE_AHEAD_BATCH rows
   inserts its created nodes and edges (not a root) first, that many to a transaction, giving way
   between them; nothing stored reaches them until the flush's own transaction writes the changed
@@ -290,16 +290,6 @@ class SharedSqliteStore(jac_memory.SqliteMemory):
         return [(UUID(row[2]), {name: None if v is None else json.loads(v) for (name, v) in zip(fields, row[3:])})
                 for row in rows]
 
-    def _stored_among_prepared(self, conn: sqlite3.Connection) -> set[str]:
-        """The ids of this flush's prepared rows (its created anchors not written ahead) a row is stored
-        under, read once per flush in blocks of ID_BLOCK inside its write transaction (no other writer runs)."""
-        prepared = getattr(self, "_prepared", None) or {}
-        if getattr(self, "_probed_for", None) is not prepared:
-            ids = [id_text(key) for key in prepared]
-            found = {row[0] for row in in_blocks(conn, "SELECT id FROM anchors WHERE id IN (?ids)", ids)}
-            (self._probed_for, self._probed) = (prepared, found)
-        return self._probed
-
     def stored_roots(self, ids: list[UUID]) -> dict[UUID, str | None]:
         """The root (its id's text) each of `ids` that has a row is stored under, from the
         committed rows (none when this SQLite cannot read JSON)."""
@@ -324,9 +314,9 @@ class SharedSqliteStore(jac_memory.SqliteMemory):
             return  # this flush's own row, inserted ahead (`_write_ahead`)
         key = id_text(intent.anchor.id)
         row = self._prepared.get(intent.anchor.id) if hasattr(self, "_prepared") else None
-        if row is not None and key not in self._stored_among_prepared(conn):
-            # A created anchor with no stored row: inserted, as below, without its own read.
-            conn.execute(_INSERT, (key,) + row)
+        if row is not None and conn.execute(_INSERT_NEW, (key,) + row).rowcount == 1:
+            # A created anchor with no stored row: inserted, as below, without a read (a stored
+            # row with its id is left as it is, and merged below).
             return
         if links_by_id(intent):  # (never created: not among the rows above)
             self._merge_edge_ids(conn, intent)
