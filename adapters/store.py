@@ -33,11 +33,12 @@ write as they did. With MongoDB (MONGODB_URI, jac-scale) the hook answers nothin
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import json
 import os
 import sqlite3
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 from uuid import UUID
 
@@ -55,7 +56,7 @@ from contextrender.by_id import links_by_id, merge_by_id  # noqa: E402
 from contextrender.rows import INSERT_ROW as _INSERT, anchor_row, forget_id_texts, id_text, merge_stored_text  # noqa: E402
 
 
-__all__ = ["SharedSqliteStore", "StorePlugin", "busy_timeout", "file_key", "in_blocks", "install", "release"]
+__all__ = ["LENDER", "SharedSqliteStore", "StorePlugin", "busy_timeout", "file_key", "in_blocks", "install", "release"]
 
 DEFAULT_BUSY_TIMEOUT = 120.0
 # jaclang's insert of a new row, only where no row with its id is stored (a create's first branch).
@@ -140,8 +141,24 @@ def _schema_is_current(conn: sqlite3.Connection) -> bool:
     return row is not None and row[0] == str(jac_memory.SQLITE_DB_FORMAT_VERSION)
 
 
+# Asked first for an anchor the store is to load, while set (the Engine sets it while jaclang makes a
+# call's context, whose first load is its root: adapters/working_set.py `KeptAnchors.take`): a
+# callable (store, id) -> the anchor, or None to load it.
+LENDER: contextvars.ContextVar[Callable[[Any, UUID], Any] | None] = contextvars.ContextVar("contextrender_lender", default=None)
+
+
 class SharedSqliteStore(jac_memory.SqliteMemory):
     """jaclang's SQLite store for a file several calls (threads, requests, processes) share."""
+
+    def get(self, id: UUID) -> Any:
+        """jaclang's load, unless the `LENDER` set has the anchor."""
+        lender = LENDER.get()
+        if lender is not None and id not in self.__mem__:
+            anchor = lender(self, id)
+            if anchor is not None:
+                self.__mem__[id] = anchor  # (as jaclang's load keeps it)
+                return anchor
+        return super().get(id)
 
     # It merges edges added to a stored node by the node's id alone, the node not loaded
     # (adapters/by_id.py): ingestion links new `Reuses` edges to earlier results that way.
