@@ -39,6 +39,7 @@ import os
 import sqlite3
 import threading
 from collections.abc import Callable, Iterator
+from datetime import datetime, timezone
 from typing import Any
 from uuid import UUID
 
@@ -53,7 +54,7 @@ from jaclang.runtimelib import memory as jac_memory  # noqa: E402
 from jaclang.runtimelib.changeset import ChangeSet, WriteIntent  # noqa: E402
 
 from contextrender.by_id import links_by_id, merge_by_id  # noqa: E402
-from contextrender.rows import INSERT_ROW as _INSERT, anchor_row, forget_id_texts, id_text, merge_stored_text  # noqa: E402
+from contextrender.rows import INSERT_ROW as _INSERT, anchor_row, forget_id_texts, id_text, merge_stored_text, time_rows  # noqa: E402
 
 
 __all__ = ["LENDER", "SharedSqliteStore", "StorePlugin", "busy_timeout", "file_key", "in_blocks", "install", "release"]
@@ -209,9 +210,11 @@ class SharedSqliteStore(jac_memory.SqliteMemory):
         if changeset.is_empty():
             return jac_memory.ApplyReport()
         with collector_held():
+            time_rows(datetime.now(timezone.utc).isoformat())  # one time for the flush's rows
             try:
                 return self._apply(changeset)
             finally:
+                time_rows(None)
                 forget_id_texts()
 
     def _apply(self, changeset: ChangeSet) -> Any:

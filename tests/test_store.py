@@ -367,3 +367,25 @@ def test_a_created_anchor_whose_id_is_stored_is_merged_not_inserted_over(tmp_pat
     after = json.loads(conn.execute("SELECT data FROM anchors WHERE id = ?", (key,)).fetchone()[0])
     assert after["archetype"]["name"] == "renamed" and after["edges"] == json.loads(before)["edges"]
     memory.close()
+
+
+def test_the_rows_of_one_flush_are_written_with_one_time(tmp_path):
+    """A flush gives all its rows (created, merged on their text) the time it began, instead of
+    asking the clock for each row; a row written outside a flush takes its own time."""
+    from datetime import datetime, timezone
+
+    from contextrender import rows
+
+    engine = Engine(tmp_path / "store")
+    engine.ingest("s", [user("start")])
+    began = datetime.now(timezone.utc)
+    messages = [user("start")]
+    for i in range(10):
+        messages += [assistant(None, call(f"c{i}", "cat", {"path": f"a{i}.py"})), tool(f"c{i}", f"print({i})")]
+    engine.ingest("s", messages)
+    with sqlite3.connect(engine._keepalive_path) as conn:
+        times = {row[0] for row in conn.execute("SELECT updated_at FROM anchors WHERE updated_at > ?", (began.isoformat(),))}
+        written = conn.execute("SELECT count(*) FROM anchors WHERE updated_at > ?", (began.isoformat(),)).fetchone()[0]
+    assert written > 40 and len(times) == 1
+    assert began <= datetime.fromisoformat(times.pop()) <= datetime.now(timezone.utc)
+    assert getattr(rows._flush, "time", None) is None  # no flush's time left behind: a row outside one takes the clock's
