@@ -134,7 +134,12 @@ class Engine(EndpointMethods):
         raise AssertionError("unreachable")
 
     def _attempt(self, walker: Any) -> Any:
-        ctx = JacUtils.create_j_context(user_root=None, base_path_dir=str(self.store))
+        # The root the context loads first is taken from the anchors the last call left, if kept.
+        lending = store.LENDER.set(self._kept.take)
+        try:
+            ctx = JacUtils.create_j_context(user_root=None, base_path_dir=str(self.store))
+        finally:
+            store.LENDER.reset(lending)
         # This context commits once: new anchors are not hashed at the commit (adapters/working_set.py).
         kept = None
         if type(ctx.mem) is working_set.jac_memory.TieredMemory:

@@ -6,6 +6,9 @@ without jaclang's generic serialiser where it can be:
   columns).
 - **A stored row merged on its text** (`merge_stored_text`): jaclang's merge of an edge-list
   change and dirty fields, made on the row's JSON (tests/test_store.py compares it with jaclang's).
+  A row the store read or wrote before (the session, the render epoch, a result reused at every
+  call) is taken from its remembered parse when its stored text is the same (`_seen`), and a merge
+  by id writes anew only the row's text from its edge list on (`merge_edge_ids`).
 
 jaclang's serialiser finds an archetype's fields with `dir()` on each instance (every class of the
 MRO merged and sorted, each name looked up twice to skip the callable ones) and sends every value
@@ -23,9 +26,10 @@ from __future__ import annotations
 import json
 import re
 import sqlite3
+import threading
 import types
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, NamedTuple
 from uuid import UUID
 
 from contextrender.jaclang_setup import import_jaclang
@@ -39,7 +43,8 @@ from jaclang.runtimelib.exceptions import WriteConflict  # noqa: E402
 from jaclang.runtimelib.serializer import Serializer  # noqa: E402
 from jaclang.runtimelib.typecache import get_field_types  # noqa: E402
 
-__all__ = ["INSERT_ROW", "anchor_row", "field_names", "forget_id_texts", "id_text", "merge_edge_ids", "merge_stored_text"]
+__all__ = ["INSERT_ROW", "anchor_row", "field_names", "forget_id_texts", "id_text", "row_time", "time_rows", "merge_edge_ids", "merge_stored_text",
+           "serialised_value"]
 
 # jaclang's insert of a whole row (SqliteMemory._merge_write, its branch for a row not stored yet).
 INSERT_ROW = """
@@ -79,6 +84,23 @@ def id_text(id: UUID) -> str:
 def forget_id_texts() -> None:
     """Drop the remembered ids' texts (the store does after each flush)."""
     _id_texts.clear()
+
+
+# The time written in every row of the flush this thread is making (`time_rows`).
+_flush = threading.local()
+
+
+def time_rows(now: str | None) -> None:
+    """Write `now` (an ISO time) as the time of every row this thread writes from now on, or (None)
+    each row's own time again: the store gives each flush one time, instead of asking the clock
+    for each row (a few µs a row)."""
+    _flush.time = now
+
+
+def row_time() -> str:
+    """A row's `updated_at`: its flush's time, else now."""
+    now = getattr(_flush, "time", None)
+    return now if now is not None else datetime.now(timezone.utc).isoformat()
 
 
 def _class_names(cls: type) -> frozenset | None:
@@ -128,15 +150,15 @@ def field_names(arch: Any) -> tuple[str, ...] | None:
     return tuple([name for name in _attr_names(arch, known) if not callable(getattr(arch, name))])
 
 
-def _value(val: Any) -> Any:
+def serialised_value(val: Any) -> Any:
     """`Serializer._serialize_value(val, include_type=True)`, the JSON types taken as they are."""
     kind = type(val)
     if kind is str or kind is int or kind is float or kind is bool or val is None:
         return val
     if kind is list:
-        return [_value(item) for item in val]
+        return [serialised_value(item) for item in val]
     if kind is dict:
-        return {str(key): _value(item) for (key, item) in val.items()}
+        return {str(key): serialised_value(item) for (key, item) in val.items()}
     return Serializer._serialize_value(val, True)
 
 
@@ -164,7 +186,7 @@ def anchor_row(anchor: Any) -> tuple:
     for name in _attr_names(arch, known):
         value = getattr(arch, name)
         if not callable(value):
-            attrs[name] = _value(value)
+            attrs[name] = serialised_value(value)
     attic = getattr(arch, "__jac_attic__", None)
     if isinstance(attic, dict) and attic:
         attrs["__jac_attic__"] = Serializer._serialize_value(attic, True)
@@ -182,17 +204,55 @@ def anchor_row(anchor: Any) -> tuple:
         data["is_undirected"] = anchor.is_undirected
     fingerprint = getattr(cls, "__jac_fingerprint__", None)
     return (kind.__name__, cls.__module__, cls.__name__, fingerprint if isinstance(fingerprint, str) and fingerprint else None,
-            json.dumps(data), jac_memory.SQLITE_DB_FORMAT_VERSION, datetime.now(timezone.utc).isoformat())
+            json.dumps(data), jac_memory.SQLITE_DB_FORMAT_VERSION, row_time())
 
 
-def _current_node(stored: tuple, cls: type | None) -> dict | None:
-    """The stored node row's JSON when it is stored in the current format of `cls` (its class now:
-    the same module and name, fingerprint and fields, so the stored row is what jaclang would write
-    for it), else None."""
+class _Seen(NamedTuple):
+    """A node row the store read or wrote in its current format: its text, that text parsed (never
+    changed: a merge changes a copy), and, once a merge by id needed them, its edge ids as
+    integers and the text before its edge list (None when the text is not `json.dumps` of the
+    parse with the edges and the version last: then the row is dumped whole)."""
+
+    text: str
+    data: dict
+    ints: list[int] | None = None
+    head: str | None = None
+
+
+# Row id -> the node row last read or written in its current format (`_Seen`). A merge whose stored
+# text is the one seen takes its parse instead of `json.loads` (the row it wrote the call before:
+# a session, a render epoch, a result reused again and again): a memo of a pure function of the
+# text, so never stale. Emptied when its texts pass SEEN_CHARS_MAX characters.
+_seen: dict[str, _Seen] = {}
+_seen_chars = [0]
+SEEN_CHARS_MAX = 4_000_000
+
+
+def _remember(key: str, seen: _Seen | None) -> None:
+    """Remember (or, None, forget) the row of `key`."""
+    old = _seen.pop(key, None)
+    if old is not None:
+        _seen_chars[0] -= len(old.text)
+    if seen is None:
+        return
+    if _seen_chars[0] + len(seen.text) > SEEN_CHARS_MAX:
+        _seen.clear()
+        _seen_chars[0] = 0
+    _seen[key] = seen
+    _seen_chars[0] += len(seen.text)
+
+
+def _current_node(key: str, stored: tuple, cls: type | None) -> _Seen | None:
+    """The stored node row, parsed, when it is stored in the current format of `cls` (its class
+    now: the same module and name, fingerprint and fields, so the stored row is what jaclang would
+    write for it), else None."""
     (_, arch_module, arch_type, fingerprint, text, format_version) = stored
     if cls is None or (arch_module, arch_type) != (cls.__module__, cls.__name__) or format_version != jac_memory.SQLITE_DB_FORMAT_VERSION \
             or not fingerprint or fingerprint != getattr(cls, "__jac_fingerprint__", None) or stored[0] != "NodeAnchor":
         return None
+    seen = _seen.get(key)
+    if seen is not None and seen.text == text:
+        return seen
     try:
         data = json.loads(text)
     except ValueError:
@@ -201,7 +261,22 @@ def _current_node(stored: tuple, cls: type | None) -> dict | None:
     if not isinstance(stored_arch, dict) or set(stored_arch) - {"__type__", "__module__"} != set(get_field_types(cls)) \
             or not isinstance(data.get("edges"), list) or not isinstance(data.get("version"), int):
         return None
-    return data
+    seen = _Seen(text, data)
+    _remember(key, seen)
+    return seen
+
+
+def _tail(edges: list[str], version: int) -> str:
+    """The end of a node row's text from its edge list on, as `json.dumps` writes it."""
+    return '"edges": ' + json.dumps(edges) + ', "version": ' + json.dumps(version) + "}"
+
+
+def _head(seen: _Seen) -> str | None:
+    """The text of `seen`'s row before its edge list, when its text is `json.dumps` of its parse
+    with the edge list and the version last (so a new edge list and version can follow it)."""
+    if list(seen.data)[-2:] != ["edges", "version"] or json.dumps(seen.data) != seen.text:
+        return None
+    return seen.text[:len(seen.text) - len(_tail(seen.data["edges"], seen.data["version"]))]
 
 
 # Edge ids as str(UUID) writes them, each followed by a comma.
@@ -220,30 +295,36 @@ def merge_edge_ids(conn: sqlite3.Connection, key: str, stored: tuple, added_ids:
     merges as jaclang would the node loaded from it."""
     (arch_module, arch_type) = stored[1:3]
     cls = Serializer._get_class(arch_module, arch_type) if arch_module and arch_type else None
-    data = _current_node(stored, cls)
-    if data is None or isinstance(cls, type) and issubclass(cls, Root):
+    seen = _current_node(key, stored, cls)
+    if seen is None or isinstance(cls, type) and issubclass(cls, Root):
         return False
     # The ids as the integers of their UUIDs (a UUID hashes as its integer and equals by it, so the
     # same sets are laid out alike and iterate in the same order), read without making a UUID.
-    texts = data["edges"]
-    if _CANONICAL_IDS.fullmatch(",".join(texts) + ("," if texts else "")):
+    texts = seen.data["edges"]
+    stored_ids = seen.ints
+    if stored_ids is None and _CANONICAL_IDS.fullmatch(",".join(texts) + ("," if texts else "")):
         stored_ids = [int(e.replace("-", ""), 16) for e in texts]
-        text_of = dict(zip(stored_ids, texts))
-    else:  # (not in jaclang's rows: each id as str(UUID) writes it)
+    elif stored_ids is None:  # (not in jaclang's rows: each id as str(UUID) writes it)
         stored_ids = [UUID(e).int for e in texts]
-        text_of = {e: str(UUID(int=e)) for e in stored_ids}
+        texts = [str(UUID(int=e)) for e in stored_ids]
+    text_of = dict(zip(stored_ids, texts))
     for id in added_ids:
         text_of[id.int] = id_text(id)
     # NodeAnchor.edge_delta on the node as loaded, the new edges appended.
     initial = set(frozenset(e for e in stored_ids))
     current = set(e for e in stored_ids + [id.int for id in added_ids])
     (added, removed) = (set(current - initial), set(initial - current))
-    merged = (set(stored_ids) | added) - removed
+    merged = list((set(stored_ids) | added) - removed)
+    data = dict(seen.data)
     data["edges"] = [text_of[e] for e in merged]
     if added or removed:
         data["version"] += 1
-    conn.execute(INSERT_ROW, (key, "NodeAnchor", arch_module, arch_type, stored[3], json.dumps(data),
-                              jac_memory.SQLITE_DB_FORMAT_VERSION, datetime.now(timezone.utc).isoformat()))
+    # The row's text up to its edge list is the stored one: only what follows is written anew.
+    head = seen.head if seen.head is not None or seen.ints is not None else _head(seen)
+    text = head + _tail(data["edges"], data["version"]) if head is not None else json.dumps(data)
+    conn.execute(INSERT_ROW, (key, "NodeAnchor", arch_module, arch_type, stored[3], text,
+                              jac_memory.SQLITE_DB_FORMAT_VERSION, row_time()))
+    _remember(key, _Seen(text, data, merged, head))
     return True
 
 
@@ -262,11 +343,12 @@ def merge_stored_text(conn: sqlite3.Connection, key: str, stored: tuple, intent:
         return False
     cls = type(arch)
     (arch_module, arch_type, fingerprint) = stored[1:4]
-    data = _current_node(stored, cls)
-    if data is None:
+    seen = _current_node(key, stored, cls)
+    if seen is None:
         return False
     fields = get_field_types(cls)
-    stored_arch = data["archetype"]
+    data = dict(seen.data)  # (the parse is remembered as it is: the merge changes a copy)
+    stored_arch = data["archetype"] = dict(data["archetype"])
     changed = False
     own_ids = [e.id for e in anchor.edges]
     edges = [str(e) for e in own_ids]
@@ -293,6 +375,7 @@ def merge_stored_text(conn: sqlite3.Connection, key: str, stored: tuple, intent:
             data["edges"] = edges
         if not data["edges"]:
             conn.execute("DELETE FROM anchors WHERE id = ?", (key,))
+            _remember(key, None)
             return True
         changed = True
     access = Serializer._serialize_value(anchor.access, include_type=True)
@@ -305,6 +388,8 @@ def merge_stored_text(conn: sqlite3.Connection, key: str, stored: tuple, intent:
     if intent.fields:
         changed = True  # as jaclang: a flagged field is written, even to the same value
     if changed:
-        conn.execute(INSERT_ROW, (key, "NodeAnchor", arch_module, arch_type, fingerprint, json.dumps(data),
-                               jac_memory.SQLITE_DB_FORMAT_VERSION, datetime.now(timezone.utc).isoformat()))
+        text = json.dumps(data)
+        conn.execute(INSERT_ROW, (key, "NodeAnchor", arch_module, arch_type, fingerprint, text,
+                               jac_memory.SQLITE_DB_FORMAT_VERSION, row_time()))
+        _remember(key, _Seen(text, data))
     return True

@@ -8,7 +8,7 @@ in-process Engine, adapters/local.py, both answer it with `SharedSqliteStore`):
 - **Short commits**: the rows of the nodes and edges a call creates are serialised before the
   write transaction (jaclang serialised inside it: the lock held 13.7 s for a 40,000-message
   ingestion), giving way on the server (engine/courtesy.jac); inside it each is only inserted
-  (when no row with its id is stored, read once per 500 ids) or merged as jaclang merges it.
+  (`INSERT OR IGNORE`: no read) or, when a row with its id is stored, merged as jaclang merges it.
 - **A big flush's new rows written ahead**: a flush creating more than WRITE_AHEAD_BATCH rows
   inserts its created nodes and edges (not a root) first, that many to a transaction, giving way
   between them; nothing stored reaches them until the flush's own transaction writes the changed
@@ -33,11 +33,13 @@ write as they did. With MongoDB (MONGODB_URI, jac-scale) the hook answers nothin
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import json
 import os
 import sqlite3
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from datetime import datetime, timezone
 from typing import Any
 from uuid import UUID
 
@@ -52,10 +54,10 @@ from jaclang.runtimelib import memory as jac_memory  # noqa: E402
 from jaclang.runtimelib.changeset import ChangeSet, WriteIntent  # noqa: E402
 
 from contextrender.by_id import links_by_id, merge_by_id  # noqa: E402
-from contextrender.rows import INSERT_ROW as _INSERT, anchor_row, forget_id_texts, id_text, merge_stored_text  # noqa: E402
+from contextrender.rows import INSERT_ROW as _INSERT, anchor_row, forget_id_texts, id_text, merge_stored_text, time_rows  # noqa: E402
 
 
-__all__ = ["SharedSqliteStore", "StorePlugin", "busy_timeout", "file_key", "in_blocks", "install", "release"]
+__all__ = ["LENDER", "SharedSqliteStore", "StorePlugin", "busy_timeout", "file_key", "in_blocks", "install", "release"]
 
 DEFAULT_BUSY_TIMEOUT = 120.0
 # jaclang's insert of a new row, only where no row with its id is stored (a create's first branch).
@@ -140,8 +142,24 @@ def _schema_is_current(conn: sqlite3.Connection) -> bool:
     return row is not None and row[0] == str(jac_memory.SQLITE_DB_FORMAT_VERSION)
 
 
+# Asked first for an anchor the store is to load, while set (the Engine sets it while jaclang makes a
+# call's context, whose first load is its root: adapters/working_set.py `KeptAnchors.take`): a
+# callable (store, id) -> the anchor, or None to load it.
+LENDER: contextvars.ContextVar[Callable[[Any, UUID], Any] | None] = contextvars.ContextVar("contextrender_lender", default=None)
+
+
 class SharedSqliteStore(jac_memory.SqliteMemory):
     """jaclang's SQLite store for a file several calls (threads, requests, processes) share."""
+
+    def get(self, id: UUID) -> Any:
+        """jaclang's load, unless the `LENDER` set has the anchor."""
+        lender = LENDER.get()
+        if lender is not None and id not in self.__mem__:
+            anchor = lender(self, id)
+            if anchor is not None:
+                self.__mem__[id] = anchor  # (as jaclang's load keeps it)
+                return anchor
+        return super().get(id)
 
     # It merges edges added to a stored node by the node's id alone, the node not loaded
     # (adapters/by_id.py): ingestion links new `Reuses` edges to earlier results that way.
@@ -192,9 +210,11 @@ class SharedSqliteStore(jac_memory.SqliteMemory):
         if changeset.is_empty():
             return jac_memory.ApplyReport()
         with collector_held():
+            time_rows(datetime.now(timezone.utc).isoformat())  # one time for the flush's rows
             try:
                 return self._apply(changeset)
             finally:
+                time_rows(None)
                 forget_id_texts()
 
     def _apply(self, changeset: ChangeSet) -> Any:
@@ -290,16 +310,6 @@ class SharedSqliteStore(jac_memory.SqliteMemory):
         return [(UUID(row[2]), {name: None if v is None else json.loads(v) for (name, v) in zip(fields, row[3:])})
                 for row in rows]
 
-    def _stored_among_prepared(self, conn: sqlite3.Connection) -> set[str]:
-        """The ids of this flush's prepared rows (its created anchors not written ahead) a row is stored
-        under, read once per flush in blocks of ID_BLOCK inside its write transaction (no other writer runs)."""
-        prepared = getattr(self, "_prepared", None) or {}
-        if getattr(self, "_probed_for", None) is not prepared:
-            ids = [id_text(key) for key in prepared]
-            found = {row[0] for row in in_blocks(conn, "SELECT id FROM anchors WHERE id IN (?ids)", ids)}
-            (self._probed_for, self._probed) = (prepared, found)
-        return self._probed
-
     def stored_roots(self, ids: list[UUID]) -> dict[UUID, str | None]:
         """The root (its id's text) each of `ids` that has a row is stored under, from the
         committed rows (none when this SQLite cannot read JSON)."""
@@ -324,9 +334,9 @@ class SharedSqliteStore(jac_memory.SqliteMemory):
             return  # this flush's own row, inserted ahead (`_write_ahead`)
         key = id_text(intent.anchor.id)
         row = self._prepared.get(intent.anchor.id) if hasattr(self, "_prepared") else None
-        if row is not None and key not in self._stored_among_prepared(conn):
-            # A created anchor with no stored row: inserted, as below, without its own read.
-            conn.execute(_INSERT, (key,) + row)
+        if row is not None and conn.execute(_INSERT_NEW, (key,) + row).rowcount == 1:
+            # A created anchor with no stored row: inserted, as below, without a read (a stored
+            # row with its id is left as it is, and merged below).
             return
         if links_by_id(intent):  # (never created: not among the rows above)
             self._merge_edge_ids(conn, intent)

@@ -6,7 +6,8 @@ long ingestion, in which a server call cannot give way to the others. The Engine
 server plugin's `create_j_context`, adapters/server/plugin.py) record new anchors without it.
 
 The Engine's contexts also take the anchors its previous call left (`KeptAnchors`) instead of
-loading and deserialising them again, while nobody else wrote the store."""
+loading and deserialising them again, while nobody else wrote the store: its root too, which
+jaclang's context loads first, through the store's lender (adapters/store.py `LENDER`)."""
 
 from __future__ import annotations
 
@@ -39,10 +40,8 @@ MAX_KEPT = 2048
 
 
 class NewAnchorsUnhashed(LinkedById):
-    """A working set's commit pass without hashing its new anchors. jaclang's commit
-    (`TieredMemory._collect_into`) hashes every anchor of the working set to find what changed,
-    the new ones too, whose hash it then ignores (a new anchor is written whole). Here new anchors
-    are recorded as jaclang records them, without the hash (a third of the commit on a long
+    """A working set's commit pass without hashing its new anchors (see the module's docstring):
+    they are recorded as jaclang records them, without the hash (a third of the commit on a long
     ingestion), giving way to other calls between them on the server (engine/courtesy.jac: this
     pass runs before the write transaction), and without jaclang's write check of each when
     jaclang's own hooks answer it (it grants every new anchor); the anchors loaded from the store
@@ -234,9 +233,7 @@ class Kept:
 
     def _stored(self, ids: list[UUID]) -> dict[str, Any]:
         """The stored edge list (JSON) of each of `ids` that has a row."""
-        assert self.conn is not None
-        return dict(in_blocks(self.conn, "SELECT id, json_extract(data, '$.edges') FROM anchors WHERE id IN (?ids)",
-                              [str(id) for id in ids]))
+        return dict(in_blocks(self.conn, "SELECT id, json_extract(data, '$.edges') FROM anchors WHERE id IN (?ids)", [str(id) for id in ids]))
 
     def keep(self, working: dict[UUID, Anchor], written: set[UUID]) -> None:
         """Keep the anchors a committed call left in `working`, as stored: the ones it only loaded
@@ -250,8 +247,7 @@ class Kept:
         # Taken without a baseline and not written: kept still without one.
         unhashed = {id for (id, taken) in self.lent.items() if not taken.baselined and id not in written}
         self.lent.clear()
-        candidates = [a for a in working.values() if a.persistent and a.is_populated() and not isinstance(a.archetype, Root)
-                      and (a.id in written or a.hash != 0)]
+        candidates = [a for a in working.values() if a.persistent and a.is_populated() and (a.id in written or a.hash != 0)]
         changed = [a for a in candidates if a.id in written]
         if len(changed) > MAX_KEPT:
             candidates = [a for a in candidates if a.id not in written]
@@ -303,11 +299,27 @@ class KeptAnchors:
         self._kept: Kept | None = None
 
     def lend_to(self, mem: Any) -> Kept | None:
-        """Give `mem` (a call's OneCommitMemory on the watched SQLite file) the kept anchors, if
-        nobody else wrote the store since they were kept, else an empty set; None when it cannot
-        have them (no watch, another file, the file not made yet, a plugin answering the access
-        checks)."""
+        """Give `mem` (a call's OneCommitMemory on the watched SQLite file) the kept anchors (those
+        its context took its root from, `take`), if nobody else wrote the store since they were
+        kept, else an empty set; None when it cannot have them (no watch, another file, the file
+        not made yet, a plugin answering the access checks)."""
         l3 = mem.l3
+        kept = l3.__dict__.pop("kept_begun") if "kept_begun" in getattr(l3, "__dict__", {}) else self._begin(l3)
+        if kept is not None:
+            mem.kept = kept
+        return kept
+
+    def take(self, l3: Any, id: UUID) -> Anchor | None:
+        """The store's lender while the Engine makes a call's context (adapters/store.py `LENDER`),
+        whose first load is its root: the kept anchors are begun on the store `l3` the call commits
+        through, and the root is taken from them, if kept, instead of loaded again."""
+        if "kept_begun" not in l3.__dict__:
+            l3.__dict__["kept_begun"] = self._begin(l3)
+        kept = l3.__dict__["kept_begun"]
+        return kept.lend(id, {}) if kept is not None else None
+
+    def _begin(self, l3: Any) -> Kept | None:
+        """`lend_to`'s kept anchors for a call that commits through the store `l3`."""
         watch = self._watch
         if watch is None or getattr(l3, "path", None) != self._path or not jaclang_checks_access():
             return None
@@ -331,7 +343,6 @@ class KeptAnchors:
         if version != kept.version:
             kept.clear()
         (kept.conn, kept.conn_version) = (conn, own)
-        mem.kept = kept
         return kept
 
     def give_back(self, mem: Any, kept: Kept, working: dict[UUID, Anchor] | None, written: set[UUID]) -> None:

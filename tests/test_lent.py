@@ -61,3 +61,74 @@ def test_an_archetype_with_a_property_is_left_to_jaclangs_field_hashes():
     message = Labelled(position=1, turn=0, raw="{}", tokens=2, role="user")
     assert rows.field_names(message) is None
     assert lent_module.lent(message.__jac__, baselined=True) is None
+
+
+def _epoch_taken():
+    """A RenderEpoch with dicts and lists in its fields, with a load's field hashes, taken."""
+    epoch = graph.RenderEpoch(key="k", shown=[1, 2, 3], condensed={"4": "text <cut>", "7": "x"},
+                              marker_listing={"r1": [1, 2.5, None, True]}, start={"from": "epoch", "upto": 9})
+    snapshot_field_hashes(epoch.__jac__)
+    return (epoch, lent_module.lent(epoch.__jac__, baselined=True))
+
+
+def test_a_dict_or_a_list_is_taken_as_a_copy_and_settled_without_jaclangs_serialiser(monkeypatch):
+    """Taken and settled unchanged, the fields that are dicts and lists are compared by marshal's
+    copy: jaclang's serialiser (a walk in Python, the larger part of taking and settling an
+    anchor) is not asked."""
+    (epoch, taken) = _epoch_taken()
+    kinds = {name: type(value) for (name, value) in zip(taken.names, taken.values)}
+    assert kinds["condensed"] is kinds["start"] is kinds["marker_listing"] is kinds["shown"] is lent_module._Copy
+    asked = []
+    serialise = Serializer._serialize_value
+    monkeypatch.setattr(Serializer, "_serialize_value", staticmethod(lambda *a, **k: asked.append(a) or serialise(*a, **k)))
+    epoch.condensed = dict(epoch.condensed)  # another object, the same value
+    changes = ChangeSet()
+    assert taken.settle(changes) and epoch.__jac__.id not in changes.intents
+    assert asked == []
+
+
+def test_a_copy_finds_what_jaclangs_field_hashes_find():
+    """Changed in place, replaced by an equal value in another key order or by a value of another
+    type (True for 1, a tuple for a list, a str subclass), a set in a field: each field is dirty
+    exactly when jaclang's field hash says so, and the baseline is the hashes a load gives."""
+    class Tag(str):
+        pass
+
+    changes_made = [
+        lambda e: e.shown.append(4),                                     # in place
+        lambda e: setattr(e, "condensed", {"7": "x", "4": "text <cut>"}),  # another order: the same text
+        lambda e: setattr(e, "marker_listing", {"r1": [True, 2.5, None, True]}),  # 1 -> True: another text
+        lambda e: setattr(e, "shown", (1, 2, 3)),                        # a tuple: the same text
+        lambda e: setattr(e, "start", {"from": Tag("epoch"), "upto": 9}),  # a str subclass: the same text
+        lambda e: setattr(e, "start", {"from": "epoch", "upto": 9.0}),   # 9 -> 9.0: another text
+        lambda e: setattr(e, "condensed", {"4": {"a", "b"}}),            # a set
+        lambda e: None,
+    ]
+    for change in changes_made:
+        (epoch, taken) = _epoch_taken()
+        change(epoch)
+        expected = derive_dirty_fields(epoch.__jac__)
+        changes = ChangeSet()
+        assert taken.settle(changes)
+        intent = changes.intents.get(epoch.__jac__.id)
+        assert (intent.fields if intent is not None else set()) == expected
+    (epoch, _) = _epoch_taken()
+    loaded = dict(epoch.__jac_field_hashes__)
+    taken = lent_module.lent(epoch.__jac__, baselined=False)
+    object.__setattr__(epoch, "__jac_field_hashes__", {})
+    taken.baseline()
+    assert epoch.__jac_field_hashes__ == loaded
+
+
+def test_a_value_holding_a_set_or_a_subclass_is_taken_as_its_text():
+    class Tag(str):
+        pass
+
+    assert lent_module._copy({"a": [1, {"b": {1, 2}}]}) is None
+    assert lent_module._copy({"a": frozenset([1])}) is None
+    assert lent_module._copy([Tag("x")]) is None
+    assert lent_module._copy({"code": "a < b > c"}) is not None  # a text's "<" is not a set
+    epoch = graph.RenderEpoch(key="k", shown=[1], condensed={"4": {"a"}})
+    taken = lent_module.lent(epoch.__jac__, baselined=True)
+    kinds = {name: type(value) for (name, value) in zip(taken.names, taken.values)}
+    assert kinds["condensed"] is lent_module._Text and kinds["shown"] is lent_module._Copy

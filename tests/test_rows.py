@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import json
 import sqlite3
 import typing
 import uuid
@@ -188,3 +189,57 @@ def test_the_ids_texts_are_forgotten_after_each_flush(tmp_path):
     engine = Engine(tmp_path / "store")
     engine.ingest("s", [user("start"), assistant(None, call("c1", "bash", {"cmd": "ls"})), tool("c1", "a.py b.py")])
     assert rows._id_texts == {}
+
+
+def _stored_result(conn: sqlite3.Connection, edges: int) -> tuple[str, tuple]:
+    """A ToolResult with `edges` edges, stored as the store stores it; its key and stored columns."""
+    result = graph.ToolResult(position=1, turn=1, raw='{"role": "tool", "content": "üñ \\"x\\""}', tokens=9, handle="r1")
+    for _ in range(edges):
+        JacRuntime.build_edge(is_undirected=False, conn_type=graph.Reuses(values=["v"], weight=0.5), conn_assign=None)(
+            graph.Message(position=2, turn=1, raw="{}", tokens=1).__jac__, result.__jac__)
+    conn.execute("CREATE TABLE anchors (id TEXT PRIMARY KEY, type TEXT NOT NULL, arch_module TEXT, arch_type TEXT, "
+                 "fingerprint TEXT, data TEXT NOT NULL, format_version INTEGER NOT NULL DEFAULT 1, updated_at TEXT)")
+    key = str(result.__jac__.id)
+    conn.execute(rows.INSERT_ROW, (key,) + rows.anchor_row(result.__jac__))
+    return (key, conn.execute("SELECT type, arch_module, arch_type, fingerprint, data, format_version FROM anchors").fetchone())
+
+
+def _merged(conn: sqlite3.Connection, key: str, stored: tuple, added: list, *, parsed: bool) -> tuple:
+    """The row `merge_edge_ids` writes over `stored` (put back first), from its remembered parse
+    or (`parsed`) from a parse of its text; the stored columns after it."""
+    conn.execute(rows.INSERT_ROW, (key,) + stored + (None,))
+    if parsed:
+        rows._seen.clear()
+    assert rows.merge_edge_ids(conn, key, stored, added)
+    return conn.execute("SELECT type, arch_module, arch_type, fingerprint, data, format_version FROM anchors").fetchone()
+
+
+def test_a_row_the_store_wrote_is_merged_again_without_parsing_it(monkeypatch):
+    """A result reused again and again is merged by id at each call: the row the last merge wrote
+    is taken as it was parsed then (no `json.loads`), only its text after the edge list written
+    anew, and each row is the one a merge from a parse of the stored text writes."""
+    conn = sqlite3.connect(":memory:")
+    (key, stored) = _stored_result(conn, 3)
+    loads = []
+    real_loads = json.loads
+    monkeypatch.setattr(rows.json, "loads", lambda text, *a, **k: loads.append(text) or real_loads(text, *a, **k))
+    stored = _merged(conn, key, stored, [uuid.uuid4()], parsed=True)
+    for round_ in range(5):
+        added = [uuid.uuid4() for _ in range(round_ % 3 + 1)]
+        loads.clear()
+        merged = _merged(conn, key, stored, added, parsed=False)
+        assert loads == []
+        assert merged == _merged(conn, key, stored, added, parsed=True)
+        assert json.loads(merged[4])["version"] == json.loads(stored[4])["version"] + 1
+        stored = merged
+
+
+def test_a_row_written_in_another_layout_is_dumped_whole():
+    """A stored row whose text is not `json.dumps` of its parse (written with other separators) is
+    merged from the parse and dumped whole, as before this memo."""
+    conn = sqlite3.connect(":memory:")
+    (key, stored) = _stored_result(conn, 2)
+    spaced = json.dumps(json.loads(stored[4]), indent=1)
+    merged = _merged(conn, key, stored[:4] + (spaced,) + stored[5:], [uuid.uuid4()], parsed=True)
+    data = json.loads(spaced)
+    assert merged[4] == json.dumps(json.loads(merged[4])) and set(json.loads(merged[4])["edges"]) > set(data["edges"])

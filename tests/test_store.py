@@ -97,7 +97,7 @@ def test_created_rows_are_inserted_without_a_read_each(tmp_path, monkeypatch):
 
     def traced(*args, **kwargs):
         conn = connect(*args, **kwargs)
-        conn.set_trace_callback(lambda sql: reads.append(sql) if sql.lstrip().startswith("SELECT type, arch_module") else None)
+        conn.set_trace_callback(lambda sql: reads.append(sql) if sql.lstrip().startswith(("SELECT type, arch_module", "SELECT id FROM")) else None)
         return conn
 
     monkeypatch.setattr(store.sqlite3, "connect", traced)
@@ -107,8 +107,9 @@ def test_created_rows_are_inserted_without_a_read_each(tmp_path, monkeypatch):
         messages += [assistant(None, call(f"c{i}", "cat", {"path": f"a{i}.py"})), tool(f"c{i}", f"print({i})")]
     engine.ingest("s", messages)
     # 60 new nodes and about 80 new edges (145 reads before), read for none of them: only the
-    # rows loaded or merged with a stored one (the session, the chain's tail) are read.
-    assert 0 < len(reads) <= 6
+    # rows loaded or merged with a stored one (the session, the chain's tail) are read; not even
+    # one read of the new rows' ids (`INSERT OR IGNORE` tells a stored id).
+    assert 0 < len(reads) <= 6 and not [sql for sql in reads if sql.startswith("SELECT id FROM")]
     assert engine.render("s", budget=4000).messages[-1] == tool("c19", "print(19)")
     assert engine.get_session("s")["events"] == len(messages)
 
@@ -345,3 +346,46 @@ def test_no_full_collection_while_a_flush_serialises_and_writes(tmp_path, monkey
     engine.ingest("s", _tool_rounds(3))
     assert seen and set(seen) == {HELD_FULL_THRESHOLD}
     assert gc.get_threshold() == thresholds
+
+
+def test_a_created_anchor_whose_id_is_stored_is_merged_not_inserted_over(tmp_path):
+    """A create whose id already has a row (jaclang's create of a node stored meanwhile) is merged
+    with the stored row as jaclang merges it: the insert of created rows leaves a stored row as it is."""
+    from jaclang.runtimelib.changeset import ChangeSet
+
+    engine = Engine(tmp_path / "store")
+    engine.ingest("s", [user("start")])
+    memory = store.SharedSqliteStore(path=engine._keepalive_path)
+    conn = sqlite3.connect(engine._keepalive_path)
+    (key, before) = conn.execute("SELECT id, data FROM anchors WHERE arch_type = 'Session'").fetchone()
+    session = memory.get(uuid.UUID(key))
+    session.archetype.name = "renamed"
+    changes = ChangeSet()
+    changes.record_create(session)
+    report = memory.apply(changes)
+    assert report.applied == [session.id] and not report.failed
+    after = json.loads(conn.execute("SELECT data FROM anchors WHERE id = ?", (key,)).fetchone()[0])
+    assert after["archetype"]["name"] == "renamed" and after["edges"] == json.loads(before)["edges"]
+    memory.close()
+
+
+def test_the_rows_of_one_flush_are_written_with_one_time(tmp_path):
+    """A flush gives all its rows (created, merged on their text) the time it began, instead of
+    asking the clock for each row; a row written outside a flush takes its own time."""
+    from datetime import datetime, timezone
+
+    from contextrender import rows
+
+    engine = Engine(tmp_path / "store")
+    engine.ingest("s", [user("start")])
+    began = datetime.now(timezone.utc)
+    messages = [user("start")]
+    for i in range(10):
+        messages += [assistant(None, call(f"c{i}", "cat", {"path": f"a{i}.py"})), tool(f"c{i}", f"print({i})")]
+    engine.ingest("s", messages)
+    with sqlite3.connect(engine._keepalive_path) as conn:
+        times = {row[0] for row in conn.execute("SELECT updated_at FROM anchors WHERE updated_at > ?", (began.isoformat(),))}
+        written = conn.execute("SELECT count(*) FROM anchors WHERE updated_at > ?", (began.isoformat(),)).fetchone()[0]
+    assert written > 40 and len(times) == 1
+    assert began <= datetime.fromisoformat(times.pop()) <= datetime.now(timezone.utc)
+    assert getattr(rows._flush, "time", None) is None  # no flush's time left behind: a row outside one takes the clock's
