@@ -25,7 +25,7 @@ from contextrender.proxy.admission import Admission, allowed_origins_setting
 from contextrender.proxy.defaults import DEFAULT_ANSWER_DELAY, DEFAULT_RESTORE_ROUNDS, DEFAULT_SELECTOR, DEFAULT_UPSTREAM_TIMEOUT
 from contextrender.proxy.interfaces import Backend, Format, field
 from contextrender.proxy.protocols import PROTOCOLS, Protocol, format_of_path, format_of_request
-from contextrender.proxy.restores import RequestRounds, Restores
+from contextrender.proxy.restores import RequestRounds, Restores, first_body
 from contextrender.proxy.sessions import Sessions, chain_events, derive_session, model_encoding, named_session
 from contextrender.proxy.upstream import Upstream, error
 from contextrender.settings import positive_number
@@ -225,8 +225,8 @@ class _Proxy:
         state.unmanaged = False
         self.metrics.prefix(protocol.name, state.rendered, rendered)
         state.rendered = rendered
-        try:
-            out = json.dumps(out_body, ensure_ascii=False).encode()
+        try:  # encoded once: with the restore tool when it is offered (the first upstream call's body)
+            out = first_body(out_body, rounds) if offered else json.dumps(out_body, ensure_ascii=False).encode()
         except RecursionError:
             return error(fmt, 400, _TOO_DEEP, "invalid_request_error")
         # The one line a request gets at --log-level info.
@@ -236,7 +236,7 @@ class _Proxy:
         headers = [(STATUS_HEADER, "managed")] + _summary_headers(session_id, name, result)
         self.metrics.in_proxy_seconds.labels(protocol.name).observe(time.perf_counter() - started)
         if offered:
-            taken = RequestRounds(estimate, state.encoding or encoding)
+            taken = RequestRounds(estimate, state.encoding or encoding, first=out)
             return await self.restores.forward(request, out_body, session_id, on_answer, headers, taken, rounds)
         return await self.upstream.forward(request, out, fmt, on_answer=on_answer, headers=headers)
 
