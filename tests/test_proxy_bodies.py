@@ -187,6 +187,12 @@ def test_3_a_fresh_body_is_parsed_by_json_loads_alone_and_a_vain_search_is_not_m
     for raw in ephemeral:
         assert bodies.parse(raw, 1, "messages") == json.loads(raw)
     assert len(scans) == 2
+    # A history that cannot be kept (its last item is not an object): searched once too.
+    scans.clear()
+    for n in range(1, 6):
+        raw = json.dumps({"model": "m", "messages": [{"role": "user", "content": "x"}, 5] * n}).encode()
+        assert bodies.parse(raw, 2, "messages") == json.loads(raw)
+    assert len(scans) == 2
 
 
 def test_4_nesting_at_json_s_limit_raises_where_json_loads_raises():

@@ -152,9 +152,9 @@ class Bodies:
         scan = True
         if kept is not None:
             self.total -= kept.size
-            searched = False
-            if kept.prefix is None and kept.scan and raw.startswith(kept.raw[:len(kept.raw) // 2]):
-                searched = kept.find_end(history)
+            searched = kept.prefix is None and kept.scan and raw.startswith(kept.raw[:len(kept.raw) // 2])
+            if searched:
+                kept.find_end(history)
             if kept.prefix is not None and raw.startswith(kept.prefix):
                 value = kept.extend(raw, history)
                 if value is not None:
