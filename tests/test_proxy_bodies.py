@@ -150,9 +150,13 @@ def test_1_the_kept_bodies_are_bounded_in_bytes_objects_included():
         assert bodies._kept["s"].size >= 0.9 * held
     bodies = Bodies(4 * MB)
     tiny = [{}] * 100_000  # 400 kB of JSON, about 7 MB of objects
+    bodies.parse(body(tiny[:-2]), "s", "messages")
     bodies.parse(body(tiny[:-1]), "s", "messages")
-    bodies.parse(body(tiny), "s", "messages")
-    assert bodies.total == 0 and not bodies._kept
+    assert bodies.total < 1000 and bodies._kept["s"].raw == b"" and bodies._kept["s"].prefix is None
+    # and not searched again (a search of such a body would cost a scan at every other request).
+    for n in range(3):
+        assert bodies.parse(body(tiny + [{}] * n), "s", "messages") == json.loads(body(tiny + [{}] * n))
+    assert bodies.total < 1000 and bodies._kept["s"].raw == b""
 
 
 def test_2_no_session_named_no_reuse_and_sessions_share_no_objects():

@@ -33,6 +33,8 @@ _WS = WHITESPACE.match
 _OPEN = b'{"\\u0000":[{}'
 _OPEN_KEY = "\x00"
 _OPEN_LIST = 10  # where that list starts
+# A kept entry without its body (the entry, its key, the OrderedDict's slot).
+_ENTRY_BYTES = 300
 
 
 def _footprint(value: Any) -> int:
@@ -70,7 +72,7 @@ class _Kept:
         self.prefix: bytes | None = None
         self.head: dict = {}
         self.items: list = []
-        self.size = len(raw)
+        self.size = len(raw) + _ENTRY_BYTES
         # Whether the end of its history may be looked for (not after a search that led to no reuse).
         self.scan = scan
 
@@ -104,7 +106,7 @@ class _Kept:
             return False
         self.prefix = raw[:len(text[:_item_end(text, end)].encode("utf-8", "surrogatepass"))]
         (self.raw, self.head, self.items) = (None, head, items)
-        self.size = len(self.prefix) + _footprint(head) + _footprint(items)
+        self.size = len(self.prefix) + _footprint(head) + _footprint(items) + _ENTRY_BYTES
         return True
 
     def extend(self, raw: bytes, history: str) -> dict | None:
@@ -164,12 +166,12 @@ class Bodies:
             # A search for the end of the history that led to no reuse is not made again for this session.
             scan = kept.scan and not searched
         value = json.loads(raw)
-        self._keep(key, _Kept(raw, scan))
+        self._keep(key, _Kept(raw if scan else b"", scan))  # not to be searched: its bytes are not kept
         return value
 
     def _keep(self, key: Any, kept: _Kept) -> None:
         if kept.size > self.max_bytes // 4:
-            return  # a body too large to keep: parsed whole next time
+            kept = _Kept(b"", scan=False)  # too large to keep: parsed whole from now on, not searched again
         self._kept[key] = kept
         self.total += kept.size
         while self.total > self.max_bytes:
