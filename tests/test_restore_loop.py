@@ -433,3 +433,54 @@ def test_no_text_names_the_tool_where_it_is_not_offered_folded_history_included(
     assert response.status_code == 200 and int(response.headers["x-contextrender-folded"]) > 0
     sent = upstream.requests[-1].json
     assert sent["tools"] == TOOLS and RESTORE_TOOL not in json.dumps(sent["messages"])
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_the_rendered_body_is_encoded_once_an_upstream_call(engine, upstream, proxy, monkeypatch, stream):
+    # The body of the first upstream call is encoded where the request was rendered (its nesting
+    # checked there: a 400 when it is too deep), not encoded once for the check and again to send.
+    encoded: list = []
+    real = json.dumps
+
+    def counting(value, *args, **kwargs):
+        if isinstance(value, dict) and "model" in value and "messages" in value:
+            encoded.append(value)
+        return real(value, *args, **kwargs)
+
+    messages = conversation(words=10)
+    engine.configure("run", policy="per-call", **STUBS)
+    upstream.enqueue(content=None, tool_calls=[restore_call("call_restore_1", "r3")])
+    upstream.enqueue(content="The failing line is line_2_7.")
+    body = json.dumps({"model": "m", "messages": messages, "tools": TOOLS, "stream": stream}).encode()
+    with proxy(budget=B) as server:
+        monkeypatch.setattr(json, "dumps", counting)
+        response = httpx.post(f"{server.url}/v1/chat/completions", content=body, headers={SESSION_HEADER: "run"}, timeout=60)
+        monkeypatch.undo()
+        assert response.status_code == 200 and response.headers[RESTORE_ROUNDS_HEADER] == "1"
+    (first, second) = [r.json for r in upstream.requests]
+    assert first["tools"] == TOOLS + [RESTORE] and second["messages"][:-2] == first["messages"]
+    assert encoded == [first, second]
+
+
+def test_a_rendered_body_too_deep_to_encode_is_a_400_with_the_tool_offered(upstream):
+    # Its nesting is checked where the first upstream call's body is encoded: nothing is sent.
+    from types import SimpleNamespace
+
+    deep: list = []
+    for _ in range(5000):
+        deep = [deep]
+
+    class Deep:
+        def render(self, session_id, messages, **params):
+            kept = messages[:-1] + [dict(messages[-1], deep=deep)]
+            return SimpleNamespace(messages=kept, full_history_tokens=900, history_tokens=100, kept=len(kept), omitted=1,
+                                   folded_messages=0, compacted=0, mode="stable")
+
+        def get_session(self, session_id):
+            return {"events": 0, "config": {"encoding": "o200k_base"}}
+
+    with LoopbackServer(create_app(Deep(), upstream.base_url, B)) as server:
+        response = httpx.post(f"{server.url}/v1/chat/completions", headers={SESSION_HEADER: "deep"},
+                              json={"model": "m", "messages": conversation(words=10), "tools": TOOLS})
+    assert response.status_code == 400 and "nested too deeply" in response.text
+    assert upstream.requests == []

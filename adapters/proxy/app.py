@@ -18,14 +18,15 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
 
-from contextrender.core import RESTORE_TOOL, InvalidRequest
+from contextrender.core import RESTORE_TOOL, InvalidRequest, cache_bytes_setting
 from contextrender.inspector import routes as inspector
 from contextrender.metrics import CountRequests, ProxyMetrics, metrics_response
 from contextrender.proxy.admission import Admission, allowed_origins_setting
+from contextrender.proxy.bodies import Bodies
 from contextrender.proxy.defaults import DEFAULT_ANSWER_DELAY, DEFAULT_RESTORE_ROUNDS, DEFAULT_SELECTOR, DEFAULT_UPSTREAM_TIMEOUT
 from contextrender.proxy.interfaces import Backend, Format, field
 from contextrender.proxy.protocols import PROTOCOLS, Protocol, format_of_path, format_of_request
-from contextrender.proxy.restores import RequestRounds, Restores
+from contextrender.proxy.restores import RequestRounds, Restores, first_body
 from contextrender.proxy.sessions import Sessions, chain_events, derive_session, model_encoding, named_session
 from contextrender.proxy.upstream import Upstream, error
 from contextrender.settings import positive_number
@@ -47,6 +48,8 @@ SESSION_NAME_HEADER = "x-contextrender-session-name"
 # Engine errors that are the request's fault (malformed messages, a rewrite refused, too large).
 _REQUEST_FAULTS = {400, 409, 413, 422}
 _TOO_DEEP = "ContextRender proxy: the JSON body is nested too deeply"
+# The share of CONTEXTRENDER_INDEX_CACHE_MB the last bodies of the sessions may hold (bodies.py).
+BODY_SHARE = 16
 # The proxy's own readiness endpoint (never forwarded).
 READY_PATH = "/contextrender/ready"
 
@@ -118,6 +121,8 @@ class _Proxy:
         self.selector = selector or DEFAULT_SELECTOR
         self.fail_closed = fail_closed
         self.sessions = Sessions(backend, answer_delay)
+        # The last body of each named session, parsed again only where it changed (bodies.py).
+        self.bodies = Bodies(cache_bytes_setting() // BODY_SHARE)
         self.restores = Restores(self.upstream, self.sessions, backend, restore_rounds)
         self.metrics = ProxyMetrics({p.path: p.name for p in PROTOCOLS})
         self.restores.metrics = self.metrics
@@ -152,8 +157,9 @@ class _Proxy:
             # The caller asked for this request's settings: a bad one is refused, fail-open or not.
             return error(fmt, 400, f"ContextRender: {exc}", "invalid_request_error")
         raw = await request.body()
+        named = request.headers.get(SESSION_HEADER)
         try:
-            body = json.loads(raw)
+            body = self.bodies.parse(raw, (protocol.path, named) if named else None, protocol.history)
         except RecursionError:
             return error(fmt, 400, _TOO_DEEP, "invalid_request_error")
         except ValueError as exc:
@@ -225,8 +231,8 @@ class _Proxy:
         state.unmanaged = False
         self.metrics.prefix(protocol.name, state.rendered, rendered)
         state.rendered = rendered
-        try:
-            out = json.dumps(out_body, ensure_ascii=False).encode()
+        try:  # encoded once: with the restore tool when it is offered (the first upstream call's body)
+            out = first_body(out_body, rounds) if offered else json.dumps(out_body, ensure_ascii=False).encode()
         except RecursionError:
             return error(fmt, 400, _TOO_DEEP, "invalid_request_error")
         # The one line a request gets at --log-level info.
@@ -236,7 +242,7 @@ class _Proxy:
         headers = [(STATUS_HEADER, "managed")] + _summary_headers(session_id, name, result)
         self.metrics.in_proxy_seconds.labels(protocol.name).observe(time.perf_counter() - started)
         if offered:
-            taken = RequestRounds(estimate, state.encoding or encoding)
+            taken = RequestRounds(estimate, state.encoding or encoding, first=out)
             return await self.restores.forward(request, out_body, session_id, on_answer, headers, taken, rounds)
         return await self.upstream.forward(request, out, fmt, on_answer=on_answer, headers=headers)
 

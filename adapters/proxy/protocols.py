@@ -25,15 +25,17 @@ class Protocol:
     rounds: RestoreProtocol
     # What a request of this protocol must hold (the 400's message when it does not).
     needs: str
+    # The key of a request's history in its body (what an agent re-sends and adds to).
+    history: str
 
 
 PROTOCOLS = (
     Protocol("chat", "/v1/chat/completions", CHAT, CHAT_ROUNDS,
-             "a chat completions request is a JSON object with `messages`, a list of messages"),
+             "a chat completions request is a JSON object with `messages`, a list of messages", "messages"),
     Protocol("messages", "/v1/messages", MESSAGES, MESSAGES_ROUNDS,
-             "a Messages request is a JSON object with `messages`, a list of turns"),
+             "a Messages request is a JSON object with `messages`, a list of turns", "messages"),
     Protocol("responses", "/v1/responses", RESPONSES, RESPONSES_ROUNDS,
-             "a Responses request is a JSON object with `input`, a string or a list of items (objects)"),
+             "a Responses request is a JSON object with `input`, a string or a list of items (objects)", "input"),
 )
 
 

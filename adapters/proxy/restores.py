@@ -28,7 +28,7 @@ from contextrender.proxy.relay import Pending, cut_message, raw, streaming
 from contextrender.proxy.sessions import Sessions
 from contextrender.proxy.upstream import Upstream, error, unless_gone
 
-__all__ = ["RESTORE_ROUNDS_HEADER", "RESTORE_USAGE_HEADER", "Restores", "RequestRounds"]
+__all__ = ["RESTORE_ROUNDS_HEADER", "RESTORE_USAGE_HEADER", "Restores", "RequestRounds", "first_body"]
 
 log = logging.getLogger("contextrender.proxy")
 
@@ -44,8 +44,11 @@ class RequestRounds:
     upstream reported it (for the headers), and every call's usage as the session records it, with
     the proxy's estimate of the inputs of the calls after the first."""
 
-    def __init__(self, estimate: int, encoding: str) -> None:
+    def __init__(self, estimate: int, encoding: str, first: bytes | None = None) -> None:
         self.count = 0
+        # The first upstream call's body, encoded where the request was rendered (`first_body`):
+        # the rendered body is encoded once, not once for its nesting check and again to send it.
+        self.first = first
         self.messages: list[dict] = []
         self.usage: dict[str, int] = {}
         self.reported: dict[str, int] = {}
@@ -69,6 +72,16 @@ class RequestRounds:
         if self.usage:
             out.append((RESTORE_USAGE_HEADER, json.dumps(self.usage, separators=(",", ":"))))
         return out
+
+
+def first_body(body: dict, protocol: RestoreProtocol) -> bytes:
+    """The body of a request's first upstream call: the rendered `body` with the restore tool
+    offered and no rounds yet (RecursionError when it is nested too deeply to encode)."""
+    return _encoded(protocol.payload(body, True, []))
+
+
+def _encoded(payload: dict) -> bytes:
+    return json.dumps(payload, ensure_ascii=False).encode()
 
 
 class Restores:
@@ -104,8 +117,10 @@ class Restores:
     @staticmethod
     def _request(url: str, sent: list, body: dict, offered: bool, rounds: RequestRounds, protocol: RestoreProtocol) -> httpx.Request:
         rounds.called(protocol)
-        payload = protocol.payload(body, offered, rounds.messages)
-        return httpx.Request("POST", url, headers=sent, content=json.dumps(payload, ensure_ascii=False).encode())
+        (content, rounds.first) = (rounds.first, None)
+        if content is None or not offered or rounds.messages:
+            content = _encoded(protocol.payload(body, offered, rounds.messages))
+        return httpx.Request("POST", url, headers=sent, content=content)
 
     async def _answer_round(self, session_id: str, calls: Any, rounds: RequestRounds, protocol: RestoreProtocol) -> None:
         """Answer each restore call from the store (a tool error when it cannot be: the model goes
