@@ -6,14 +6,11 @@ JSON text of it) to find what changed, and a kept anchor the last call wrote nee
 same again, field by field) before that check can tell anything: the results a call loads, the
 session, the render epoch, each hashed twice a call although most of them did not change. Here an
 anchor taken from the kept ones is remembered as it was: each field's value (a str, int, float,
-bool or None, whose object is kept: a field is rarely changed in place, and a change replaces it),
-a copy of any other value made of Python's plain types (a dict or a list may change in place:
-`marshal`'s bytes of it, which C makes ten to twenty times faster than the JSON text jaclang's
-serialiser walks to in Python), or else the JSON text of the value, its edges' ids, its version,
-root and access. At the commit a field is the same when it is the same object, or an equal value
-that serialises alike (a float by its repr), or the same bytes (the same types in the same
-structure and order, so the same text), or the same text (a value whose bytes differ is compared
-by its text and the copy's): exactly when jaclang's field hash would find it unchanged. An anchor found unchanged is left out of jaclang's pass; one
+bool or None, whose object is kept: a field is rarely changed in place, and a change replaces it)
+or the JSON text of any other value (a dict or a list may change in place), its edges' ids, its
+version, root and access. At the commit a field is the same when it is the same object, or an
+equal value that serialises alike (a float by its repr), or the same text: exactly when jaclang's
+field hash would find it unchanged. An anchor found unchanged is left out of jaclang's pass; one
 whose fields or edge set changed is recorded as jaclang records it (the edge delta, then the
 changed fields, after its access checks); any other change (access, version, root, the edges'
 order alone, a field jaclang does not know) goes through jaclang's own pass, with the baseline a
@@ -22,7 +19,6 @@ load would have given it (`baseline`)."""
 from __future__ import annotations
 
 import json
-import marshal
 from dataclasses import dataclass
 from typing import Any
 from uuid import UUID
@@ -71,33 +67,6 @@ def _text(value: Any) -> _Text | None:
     return None if '"__module__"' in text or '"$ref"' in text else _Text(text)
 
 
-class _Copy(bytes):
-    """A value made of Python's plain types only, as `marshal` (format 2: no references between
-    objects, so equal structures give equal bytes) writes it."""
-
-
-# marshal's codes of a set and a frozenset: a copy that may hold one is checked (`_copy`).
-_SET_CODES = (b"<", b">")
-
-
-def _copy(value: Any) -> _Copy | None:
-    """`value` as a `_Copy`, when it is made of exact dicts, lists, tuples, strs, ints, floats,
-    bools and None only (marshal refuses any other type, a subclass too; `json.dumps` refuses a
-    set, whose order a copy would not keep); else None."""
-    try:
-        data = marshal.dumps(value, 2)
-        if _SET_CODES[0] in data or _SET_CODES[1] in data:
-            json.dumps(value)  # TypeError for a set (a byte of a text can look like its code)
-    except (ValueError, TypeError):
-        return None
-    return _Copy(data)
-
-
-def _then_text(then: Any) -> str:
-    """The JSON text of a value as taken: its text, or its copy's."""
-    return then if type(then) is _Text else _json_text(marshal.loads(then))
-
-
 def _frame(anchor: Anchor) -> tuple:
     """What the anchor's hash covers besides its fields and a node's edges: its access as its
     level for all and for each root (equal ones serialise alike), else as its text."""
@@ -116,15 +85,6 @@ def _frame(anchor: Anchor) -> tuple:
 def _same(now: Any, then: Any) -> bool:
     if now is then:
         return True
-    if type(then) is _Copy:
-        if type(now) in _PLAIN or type(now) is float:
-            return False
-        try:
-            if marshal.dumps(now, 2) == then:
-                return True
-        except ValueError:
-            pass
-        return _json_text(now) == _then_text(then)
     if type(then) is _Text:
         return type(now) not in _PLAIN and type(now) is not float and _text(now) == then
     if type(now) is not type(then):
@@ -183,12 +143,7 @@ class Lent:
         hashes = {}
         for name in get_field_types(type(self.anchor.archetype)):
             value = then.get(name, then)
-            if value is then:
-                hashes[name] = None
-            elif type(value) is _Text or type(value) is _Copy:
-                hashes[name] = hash(_then_text(value))
-            else:
-                hashes[name] = hash(json.dumps(value, sort_keys=True, default=str))
+            hashes[name] = None if value is then else hash(value if type(value) is _Text else json.dumps(value, sort_keys=True, default=str))
         object.__setattr__(self.anchor.archetype, "__jac_field_hashes__", hashes)
 
 
@@ -204,11 +159,7 @@ def lent(anchor: Anchor, baselined: bool) -> Lent | None:
     for name in names:
         value = getattr(arch, name, None)
         if type(value) not in _PLAIN and type(value) is not float:
-            if not value and type(value) in _EMPTY:
-                value = _EMPTY[type(value)]
-            else:
-                copied = _copy(value)
-                value = copied if copied is not None else _text(value)
+            value = _text(value)
             if value is None:
                 return None
         values.append(value)
