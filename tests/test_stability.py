@@ -495,3 +495,28 @@ def test_keep_names_the_result_it_shows_first(tmp_path):
     status = {d.call_id: d.status for d in later.decisions}
     assert later.mode == "re-render" and status["a"] == status["b"] == "kept", (later.mode_reason, status)
     assert later.mode_reason.endswith("; result r2, left out and used since, shown first with its room beyond the cap")
+
+
+def test_a_wider_re_render_keeps_its_render_s_scores(tmp_path, monkeypatch):
+    """`reuse_room` "gain" selects again with a cap widened for a result left out and used since:
+    that plan is laid out and selected anew but keeps the scores of the render's first selection
+    (the same history and settings: the same scores), where it scored everything again before."""
+    from engine.plan import RenderPlan
+
+    scored = []
+    score = RenderPlan.score
+    monkeypatch.setattr(RenderPlan, "score", lambda plan, *a, **k: scored.append(1) or score(plan, *a, **k))
+    engine = Engine(tmp_path / "s")
+    settings = dict(w_relevance=0.0, similarity_penalty=0.0, cache_value=0.0, prose_share=1.0, headroom=0.5, reuse_rerender=True)
+    messages = [user("compare")]
+    for name, size in (("a", 70), ("b", 140), ("c", 140), ("d", 140), ("e", 140), ("f", 140)):
+        messages += [assistant(None, call(name, "read", {})), tool(name, f"{name.upper()}_VALUE_1111 " + filler(name, size))]
+    messages += [assistant("so"), user("next")]
+    engine.render("s", messages, budget=900, **settings)
+    messages += [assistant("A_VALUE_1111 it is", call("g", "look", {})), tool("g", "small")]
+    scored.clear()
+    later = engine.render("s", messages, budget=900, explain=True, **settings)
+    assert_sound(later, 900)
+    assert later.mode_reason.endswith("given its room beyond the cap")
+    assert {d.call_id: d.status for d in later.decisions}["a"] == "kept"
+    assert len(scored) == 1
