@@ -520,3 +520,22 @@ def test_a_wider_re_render_keeps_its_render_s_scores(tmp_path, monkeypatch):
     assert later.mode_reason.endswith("given its room beyond the cap")
     assert {d.call_id: d.status for d in later.decisions}["a"] == "kept"
     assert len(scored) == 1
+
+
+def test_a_render_key_is_digested_once_per_settings(monkeypatch):
+    """RenderConfig.key (the epoch's key) is a digest of every setting, asked once or more a
+    render of a config made per call: the digest of settings seen before is kept, by each
+    setting's type and value (2 and 2.0 are different settings, as their JSON is)."""
+    import hashlib
+
+    from engine.config import RenderConfig
+
+    made = []
+    sha256 = hashlib.sha256
+    monkeypatch.setattr(hashlib, "sha256", lambda data: made.append(data) or sha256(data))
+    (a, b) = (RenderConfig(stickiness=2, headroom=0.31), RenderConfig(stickiness=2.0, headroom=0.31))
+    keys = [a.key(900), b.key(900), RenderConfig(stickiness=2, headroom=0.31).key(900), a.key(1200)]
+    assert len(made) == 2 and keys[0] != keys[1] and keys[2] == keys[0] and keys[3] == keys[0].replace(":900:", ":1200:")
+    for (config, key) in ((a, keys[0]), (b, keys[1])):
+        settings = {k: v for (k, v) in vars(config).items() if k != "selector"}
+        assert key.endswith(sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()[:16])
