@@ -1023,3 +1023,95 @@ def test_the_room_the_fold_index_frees_is_filled_once_with_fold_index_refill(eng
         assert shown[False] <= shown[True], end
         more += len(shown[True]) > len(shown[False])
     assert more > 0
+
+
+def test_a_layout_reads_only_the_pinned_messages_of_a_fold(engine, monkeypatch):
+    """A folded event costs nothing but a pinned user message's tokens: a layout asks pinned_tokens
+    for those (a few), where a layout that kept a fold asked for every folded event before."""
+    from engine.plan import RenderPlan
+
+    (asked, layouts) = ([], [])
+    (pinned_tokens, lay_out) = (RenderPlan.pinned_tokens, RenderPlan.lay_out)
+
+    def counted(plan):
+        asked.clear()
+        layout = lay_out(plan)
+        layouts.append((len(asked), layout.fold_start))
+        return layout
+
+    monkeypatch.setattr(RenderPlan, "pinned_tokens", lambda plan, e: asked.append(e) or pinned_tokens(plan, e))
+    monkeypatch.setattr(RenderPlan, "lay_out", counted)
+    messages = folded_session(14)
+    for j in range(8, len(messages) + 1, 2):
+        assert_sound(engine.render("s", messages[:j], budget=1500), 1500)
+        assert_sound(engine.render("per-call", messages[:j], budget=1500, policy="per-call"), 1500)
+    # The stable policy lays out a kept fold too (a partial re-render's).
+    assert max(fold for (_, fold) in layouts) > 12
+    assert all(calls <= 8 for (calls, _) in layouts), layouts
+
+
+def test_a_render_again_cuts_no_call_and_writes_no_fold_index_again(engine, monkeypatch):
+    """What assemble shows of a verbatim message with its calls cut (`verbatim_call_room`) is kept
+    per index, and so is the fold index as sent: the same history rendered again (an append of
+    nothing) asks for no verbatim call and writes no index, where it cut every verbatim call and
+    wrote the index at each render before. The history is the same either way."""
+    from engine.plan import RenderPlan
+
+    (cuts, work, assembling) = ([], [], [])
+    (cut_call_at, index_marker, assemble) = (RenderPlan.cut_call_at, RenderPlan.index_marker, RenderPlan.assemble)
+
+    def watched(plan):
+        assembling.append(True)
+        try:
+            return assemble(plan)
+        finally:
+            assembling.pop()
+
+    monkeypatch.setattr(RenderPlan, "cut_call_at", lambda plan, c, room: (assembling and cuts.append(c)) or cut_call_at(plan, c, room))
+    monkeypatch.setattr(RenderPlan, "index_marker", lambda plan, listing, out: work.append(out) or index_marker(plan, listing, out))
+    monkeypatch.setattr(RenderPlan, "assemble", watched)
+    messages = _writes(10, filler("out", 30))
+    first = engine.render("s", messages, budget=1200)
+    assert_sound(first, 1200)
+    assert first.selected and first.folded_messages > 0 and "tokens cut by ContextRender" in json.dumps(first.messages)
+    (cuts[:], work[:]) = ([], [])
+    again = engine.render("s", messages, budget=1200)
+    assert again.messages == first.messages and again.mode == "append"
+    # Only the calls over selected results of folded turns (call c<i> is event 2i + 1).
+    verbatim = [c for c in cuts if 2 * int(c[1:]) + 1 >= again.folded_messages]
+    assert cuts and verbatim == [] and work == []
+
+
+def test_the_reuse_scores_are_found_once_a_render(engine, monkeypatch):
+    """c_t of every result (SessionIndex.reuse_scores: a walk over every value used) is found once
+    for the plans of a render, whose fold index orders by it and whose scores use it."""
+    from engine.index import SessionIndex
+
+    found = []
+    reuse_scores = SessionIndex.reuse_scores
+    monkeypatch.setattr(SessionIndex, "reuse_scores", lambda index: found.append(1) or reuse_scores(index))
+    messages = folded_session(12)
+    result = engine.render("s", messages, budget=1500, policy="per-call", fold_index_order="reused")
+    assert result.folded_messages > 0 and fold_index_text(result)
+    assert len(found) == 1
+
+
+def test_the_positions_kept_per_index_are_those_a_walk_finds():
+    """events_of, last_assistant and message_starts (kept per index, extended as events arrive)
+    give what a walk over the events gives, for every end, asked in any order."""
+    import random
+
+    from engine.index import SessionIndex
+    from engine.plan import events_of, last_assistant, message_starts
+
+    index = SessionIndex(key="k")
+    rng = random.Random(7)
+    roles = []
+    for n in range(60):
+        role = rng.choice(["user", "assistant", "assistant", "tool", "tool"])
+        roles.append(role)
+        index.messages.append({"role": role, "content": str(n)})
+        for end in rng.sample(range(len(roles) + 1), min(5, len(roles) + 1)):
+            assert events_of(index, "user", end) == [e for e in range(end) if roles[e] == "user"]
+            assert last_assistant(index, end) == max([e for e in range(end) if roles[e] == "assistant"], default=-1)
+            assert message_starts(index, end) == [e for e in range(end) if roles[e] != "tool"]

@@ -134,3 +134,21 @@ def test_the_headroom_fades_further_beyond_headroom_far_times_b():
     # Off below `far` times B; beyond it a further far * B / full.
     assert headroom_share(0.5, 1000, 4000, 5.0) == 0.125
     assert headroom_share(0.5, 1000, 4000, 2.0) == 0.0625
+
+
+def test_the_exchange_from_positions_is_the_latest_exchange():
+    """exchange_parts (the render's f_t, from the positions of the user and assistant messages)
+    is latest_exchange_parts, empty texts skipped for an earlier one, on every prefix."""
+    from engine.score import exchange_parts, latest_exchange_parts
+
+    messages = [
+        {"role": "user", "content": "fix it"}, {"role": "assistant", "content": "", "tool_calls": []},
+        {"role": "assistant", "content": "looking", "tool_calls": [{"id": "a", "function": {"name": "read", "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": "a", "content": "x"}, {"role": "user", "content": ""},
+        {"role": "assistant", "content": None}, {"role": "user", "content": [{"type": "text", "text": "now"}]},
+    ]
+    for end in range(len(messages) + 1):
+        part = messages[:end]
+        users = [e for e in range(end) if part[e]["role"] == "user"]
+        assistants = [e for e in range(end) if part[e]["role"] == "assistant"]
+        assert exchange_parts(part, reversed(users), reversed(assistants)) == latest_exchange_parts(part)

@@ -514,3 +514,47 @@ def test_headroom_far_fades_the_headroom_of_a_long_history(tmp_path):
             assert result.history_tokens <= budget * (1 - share) + 1
             fuller += far > 0 and result.history_tokens > budget * (1 - plain) + 1
     assert fuller > 0
+
+
+def test_a_wider_re_render_keeps_its_render_s_scores(tmp_path, monkeypatch):
+    """`reuse_room` "gain" selects again with a cap widened for a result left out and used since:
+    that plan is laid out and selected anew but keeps the scores of the render's first selection
+    (the same history and settings: the same scores), where it scored everything again before."""
+    from engine.plan import RenderPlan
+
+    scored = []
+    score = RenderPlan.score
+    monkeypatch.setattr(RenderPlan, "score", lambda plan, *a, **k: scored.append(1) or score(plan, *a, **k))
+    engine = Engine(tmp_path / "s")
+    settings = dict(w_relevance=0.0, similarity_penalty=0.0, cache_value=0.0, prose_share=1.0, headroom=0.5, reuse_rerender=True)
+    messages = [user("compare")]
+    for name, size in (("a", 70), ("b", 140), ("c", 140), ("d", 140), ("e", 140), ("f", 140)):
+        messages += [assistant(None, call(name, "read", {})), tool(name, f"{name.upper()}_VALUE_1111 " + filler(name, size))]
+    messages += [assistant("so"), user("next")]
+    engine.render("s", messages, budget=900, **settings)
+    messages += [assistant("A_VALUE_1111 it is", call("g", "look", {})), tool("g", "small")]
+    scored.clear()
+    later = engine.render("s", messages, budget=900, explain=True, **settings)
+    assert_sound(later, 900)
+    assert later.mode_reason.endswith("given its room beyond the cap")
+    assert {d.call_id: d.status for d in later.decisions}["a"] == "kept"
+    assert len(scored) == 1
+
+
+def test_a_render_key_is_digested_once_per_settings(monkeypatch):
+    """RenderConfig.key (the epoch's key) is a digest of every setting, asked once or more a
+    render of a config made per call: the digest of settings seen before is kept, by each
+    setting's type and value (2 and 2.0 are different settings, as their JSON is)."""
+    import hashlib
+
+    from engine.config import RenderConfig
+
+    made = []
+    sha256 = hashlib.sha256
+    monkeypatch.setattr(hashlib, "sha256", lambda data: made.append(data) or sha256(data))
+    (a, b) = (RenderConfig(stickiness=2, headroom=0.31), RenderConfig(stickiness=2.0, headroom=0.31))
+    keys = [a.key(900), b.key(900), RenderConfig(stickiness=2, headroom=0.31).key(900), a.key(1200)]
+    assert len(made) == 2 and keys[0] != keys[1] and keys[2] == keys[0] and keys[3] == keys[0].replace(":900:", ":1200:")
+    for (config, key) in ((a, keys[0]), (b, keys[1])):
+        settings = {k: v for (k, v) in vars(config).items() if k != "selector"}
+        assert key.endswith(sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()[:16])
