@@ -222,3 +222,21 @@ def test_a_messages_footprint_is_the_estimate_of_its_decoded_json():
     expected_call = 64 + 100 * len(calls[0]) + 49 + 2 + 49 + len(calls[0]["type"]) + expected_function
     assert json_bytes(message) == 64 + 100 * len(message) + 49 + len("assistant") + (0 if message["content"] is None else 49 + len(message["content"])) + 56 + 8 + expected_call
     assert json_bytes([1, None, True, 2.5]) == 56 + 4 * 8 + 28 + 0 + 0 + 28
+
+
+def test_the_render_figures_kept_on_an_index_are_counted_in_its_size(engine, empty_cache):
+    """The render plan keeps figures per event and per result on the index (`_fold_entries`):
+    the cache's bound counts them, an estimate of at least a slot and a small object an item."""
+    from engine.index import SESSION_CACHE
+
+    history = swe_history(40)
+    engine.render("figures", history, budget=1500)
+    (index,) = [SESSION_CACHE._indexes[key] for key in SESSION_CACHE._indexes]
+    items = sum(len(part) for value in index._fold_entries.values()
+                for part in (value if isinstance(value, tuple) else (value,)) if isinstance(part, (list, dict, set)))
+    assert items > 0
+    kept = dict(index._fold_entries)
+    with_figures = index.size_bytes()
+    index._fold_entries.clear()
+    assert with_figures - index.size_bytes() >= 56 * items
+    index._fold_entries.update(kept)

@@ -544,7 +544,8 @@ def test_a_wider_re_render_keeps_its_render_s_scores(tmp_path, monkeypatch):
 def test_a_render_key_is_digested_once_per_settings(monkeypatch):
     """RenderConfig.key (the epoch's key) is a digest of every setting, asked once or more a
     render of a config made per call: the digest of settings seen before is kept, by each
-    setting's type and value (2 and 2.0 are different settings, as their JSON is)."""
+    setting's type and value (2 and 2.0 are different settings, as their JSON is, and so are 0.0
+    and -0.0, whichever the process saw first)."""
     import hashlib
 
     from engine.config import RenderConfig
@@ -555,6 +556,8 @@ def test_a_render_key_is_digested_once_per_settings(monkeypatch):
     (a, b) = (RenderConfig(stickiness=2, headroom=0.31), RenderConfig(stickiness=2.0, headroom=0.31))
     keys = [a.key(900), b.key(900), RenderConfig(stickiness=2, headroom=0.31).key(900), a.key(1200)]
     assert len(made) == 2 and keys[0] != keys[1] and keys[2] == keys[0] and keys[3] == keys[0].replace(":900:", ":1200:")
-    for (config, key) in ((a, keys[0]), (b, keys[1])):
+    (zero, minus_zero) = (RenderConfig(stickiness=0.0).key(900), RenderConfig(stickiness=-0.0).key(900))
+    assert zero != minus_zero
+    for (config, key) in ((a, keys[0]), (b, keys[1]), (RenderConfig(stickiness=-0.0), minus_zero)):
         settings = {k: v for (k, v) in vars(config).items() if k != "selector"}
         assert key.endswith(sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()[:16])
