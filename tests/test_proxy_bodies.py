@@ -137,7 +137,7 @@ def test_1_the_kept_bodies_are_bounded_in_bytes_objects_included():
         for n in (10, 20, 30):
             bodies.parse(body(history[:n]), session, "messages")
     assert 12 * MB < bodies.total <= 16 * MB and 0 < len(bodies._kept) < 40
-    assert bodies.total == sum(k.size for k in bodies._kept.values())
+    assert bodies.total == sum(k.size + bodies_module._key_bytes(key) for (key, k) in bodies._kept.items())
     # An entry counts at least what its objects hold (measured), and a body of tiny objects
     # (18 bytes of objects a byte of JSON) counts them: over a quarter of the bound, not kept.
     for messages in (history, [{"a": [{}] * 20}] * 400, [{"role": "user", "content": "\u00e9" * 500}] * 200):
@@ -157,6 +157,27 @@ def test_1_the_kept_bodies_are_bounded_in_bytes_objects_included():
     for n in range(3):
         assert bodies.parse(body(tiny + [{}] * n), "s", "messages") == json.loads(body(tiny + [{}] * n))
     assert bodies.total < 1000 and bodies._kept["s"].raw == b""
+
+
+def test_1_a_session_s_name_is_counted_and_a_body_too_large_for_its_objects_is_not_searched(monkeypatch):
+    # Names of 4,000 characters on tiny bodies (refused later by the proxy, kept here): the
+    # names' bytes are in the bound.
+    bodies = Bodies(4 * MB)
+    for n in range(5000):
+        bodies.parse(b"{}", ("/v1/chat/completions", f"{n:04d}" + "x" * 4000), "messages")
+    assert bodies.total <= 4 * MB and len(bodies._kept) < 1000
+    held = sum(sys.getsizeof(name) for (_, name) in bodies._kept)
+    assert bodies.total >= held
+    # A body whose bytes alone show its objects cannot fit a quarter of the bound: its history is
+    # never searched (the search would parse it again only to drop it).
+    scans: list = []
+    real = bodies_module._SCAN
+    monkeypatch.setattr(bodies_module, "_SCAN", lambda text, at: scans.append(at) or real(text, at))
+    bodies = Bodies(4 * MB)
+    big = [user("word " * 200)] * 800  # about 0.8 MB of JSON: 1.2 MB of objects at least
+    for n in (798, 799, 800):
+        assert bodies.parse(body(big[:n]), "s", "messages") == json.loads(body(big[:n]))
+    assert scans == [] and bodies._kept["s"].raw == b"" and bodies.total < 1000
 
 
 def test_2_no_session_named_no_reuse_and_sessions_share_no_objects():

@@ -33,8 +33,13 @@ _WS = WHITESPACE.match
 _OPEN = b'{"\\u0000":[{}'
 _OPEN_KEY = "\x00"
 _OPEN_LIST = 10  # where that list starts
-# A kept entry without its body (the entry, its key, the OrderedDict's slot).
+# A kept entry without its body and its session's name (the entry, the key's tuple, the
+# OrderedDict's slot).
 _ENTRY_BYTES = 300
+# A body's objects take at least this many times its bytes on agent text (1.59 the least over 77
+# coding conversations' bodies): a body whose bytes times this are over a quarter of the bound
+# is not kept, nor its history searched for (a search parses it again, to be thrown away).
+_OBJECTS_PER_BYTE = 1.5
 
 
 def _footprint(value: Any) -> int:
@@ -50,6 +55,11 @@ def _footprint(value: Any) -> int:
         elif isinstance(item, list):
             stack.extend(item)
     return total
+
+
+def _key_bytes(key: Any) -> int:
+    """What a kept entry's key holds: its strings (the session's name, as the agent sent it)."""
+    return sum(sys.getsizeof(part) for part in key) if isinstance(key, tuple) else sys.getsizeof(key)
 
 
 def _item_end(text: str, list_end: int) -> int:
@@ -153,7 +163,7 @@ class Bodies:
         kept = self._kept.pop(key, None)
         scan = True
         if kept is not None:
-            self.total -= kept.size
+            self.total -= kept.size + _key_bytes(key)
             searched = kept.prefix is None and kept.scan and raw.startswith(kept.raw[:len(kept.raw) // 2])
             if searched:
                 kept.find_end(history)
@@ -170,10 +180,11 @@ class Bodies:
         return value
 
     def _keep(self, key: Any, kept: _Kept) -> None:
-        if kept.size > self.max_bytes // 4:
+        quarter = self.max_bytes // 4
+        if kept.size > quarter or (kept.raw and len(kept.raw) * _OBJECTS_PER_BYTE > quarter):
             kept = _Kept(b"", scan=False)  # too large to keep: parsed whole from now on, not searched again
         self._kept[key] = kept
-        self.total += kept.size
+        self.total += kept.size + _key_bytes(key)
         while self.total > self.max_bytes:
-            (_, oldest) = self._kept.popitem(last=False)
-            self.total -= oldest.size
+            (oldest_key, oldest) = self._kept.popitem(last=False)
+            self.total -= oldest.size + _key_bytes(oldest_key)
