@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import copy
 import os
 import sqlite3
 from collections.abc import Callable
@@ -41,11 +42,14 @@ __all__ = ["Engine", "DEFAULT_STORE"]
 def _unshared(report: Any) -> Any:
     """A call's report with its messages copied: a rendered message is the session index's own
     dict (and a caller that decorates what it was given, say with a cache breakpoint, would
-    otherwise change what the next call compares its history with). A client's reports are
-    parsed from JSON and share nothing already."""
+    otherwise change what the next call compares its history with). A RenderResult is copied
+    too: the index keeps the render itself (the next render counts what it shares with it, the
+    render log's cached tokens), with the index's own messages (compared by identity first).
+    A client's reports are parsed from JSON and share nothing already."""
     if isinstance(report, list):
         return [_unshared(item) for item in report]
     if isinstance(report, core.RenderResult):
+        report = copy.copy(report)
         report.messages = core.detached(report.messages)
     elif isinstance(report, core.Restoration):
         report.message = core.detached(report.message)

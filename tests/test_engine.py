@@ -171,6 +171,17 @@ def test_a_caller_decorating_what_it_was_given_changes_nothing_of_its_own_or_sto
     assert engine.get_session("s")["events"] == 5 and engine.get_session("s")["branch"] == 0
 
 
+def test_a_caller_decorating_its_render_leaves_the_next_renders_cache_share_as_it_was(engine):
+    # The session keeps its last render to count what the next request shares with it (the
+    # render log's cached tokens): what the caller got is a copy, not that render's messages.
+    messages = _reading()
+    for message in engine.render("s", messages, budget=2000).messages:
+        message["cache_control"] = {"type": "ephemeral"}
+    engine.render("s", messages + [{"role": "assistant", "content": "done"}, {"role": "user", "content": "next"}], budget=2000)
+    (first, second) = engine.inspect("s")["renders"]
+    assert second["mode"] == "passthrough" and second["cached_tokens"] >= first["history_tokens"] > 0
+
+
 def test_a_message_the_caller_rewrites_in_place_is_a_rewrite(engine, tmp_path):
     messages = _reading()
     engine.render("s", messages, budget=2000)
