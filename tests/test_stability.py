@@ -561,3 +561,27 @@ def test_a_render_key_is_digested_once_per_settings(monkeypatch):
     for (config, key) in ((a, keys[0]), (b, keys[1]), (RenderConfig(stickiness=-0.0), minus_zero)):
         settings = {k: v for (k, v) in vars(config).items() if k != "selector"}
         assert key.endswith(sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()[:16])
+
+
+def test_reuse_latest_gives_room_to_what_the_latest_message_used(tmp_path):
+    """`reuse_latest` (docs/restores.md, "customer service at 2K"): reuse comes in runs, so a
+    re-render gives the results the latest assistant message used the room `reuse_room` "gain"
+    gives those used since the previous request, whether that request showed them or not. Here
+    the first selective render (no previous request: nothing "used since") leaves the oldest
+    result `a` out under its cap although the latest message used a value only `a` holds; with
+    the setting its tokens widen the cap and the paper's selection shows it."""
+    budget = 900
+    settings = dict(w_relevance=0.0, similarity_penalty=0.0, cache_value=0.0, prose_share=1.0, headroom=0.5)
+    messages = [user("compare")]
+    for name, size in (("a", 70), ("b", 140), ("c", 140), ("d", 140), ("e", 140), ("f", 140)):
+        messages += [assistant(None, call(name, "read", {})), tool(name, f"{name.upper()}_VALUE_1111 " + filler(name, size))]
+    messages += [assistant("A_VALUE_1111 it is", call("g", "look", {})), tool("g", "small")]
+    status = {}
+    for latest in (False, True):
+        result = Engine(tmp_path / f"latest{latest}").render("s", messages, budget=budget, explain=True, reuse_latest=latest, **settings)
+        assert_sound(result, budget)
+        assert result.mode == "re-render"
+        status[latest] = ({d.call_id: d.status for d in result.decisions}, result.mode_reason)
+    assert status[False][0]["a"] == "omitted"
+    assert status[True][0]["a"] == "kept", status[True]
+    assert status[True][1].endswith("; result r1, left out and used since, given its room beyond the cap")
