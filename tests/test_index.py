@@ -261,3 +261,12 @@ def test_the_matrix_grows_with_the_results_and_copies_no_earlier_row_again():
     # 40th's (a restack would make a new array).
     assert np.shares_memory(seen[35], seen[39])
     assert SessionIndex(key="e").matrix().shape == (0, 1)
+
+
+def test_the_tokens_by_message_id_are_extended_as_events_arrive():
+    index, _ = build([user("look up the customer"), assistant(None, call("c1", "lookup", {}))])
+    counted = index.tokens_by_id()
+    assert counted == {id(m): 10 for m in index.messages}
+    counted["kept"] = 0  # the same map, extended: not made again from every event
+    index.add(tool("c1", "customer_id=C142XYZ"), None, 7, {}, {}, np.zeros(4))
+    assert index.tokens_by_id() is counted and counted[id(index.messages[-1])] == 7 and "kept" in counted
