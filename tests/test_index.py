@@ -240,3 +240,33 @@ def test_the_render_figures_kept_on_an_index_are_counted_in_its_size(engine, emp
     index._fold_entries.clear()
     assert with_figures - index.size_bytes() >= 56 * items
     index._fold_entries.update(kept)
+
+
+def test_the_matrix_grows_with_the_results_and_copies_no_earlier_row_again():
+    index = SessionIndex(key="t")
+    rng = np.random.default_rng(0)
+    seen = []
+    for r in range(40):
+        index.add(assistant(None, call(f"c{r}", "a", {})), None, 10, {f"c{r}": 5}, {f"c{r}": None}, None)
+        # float64 and float32 rows, as a cast of the stacked rows makes them.
+        vector = rng.standard_normal(8) if r % 2 else rng.standard_normal(8).astype(np.float32)
+        index.add(tool(f"c{r}", f"result {r}"), None, 10, {}, {}, vector)
+        matrix = index.matrix()
+        expected = np.vstack(index.vectors).astype(np.float32)
+        assert matrix.dtype == np.float32 and matrix.shape == expected.shape
+        assert matrix.tobytes() == expected.tobytes()
+        seen.append(matrix)
+    # A new result's row is written beside the others while the buffer has room (twice the rows
+    # needed when it grew, at the 35th): the 36th result's matrix shares its memory with the
+    # 40th's (a restack would make a new array).
+    assert np.shares_memory(seen[35], seen[39])
+    assert SessionIndex(key="e").matrix().shape == (0, 1)
+
+
+def test_the_tokens_by_message_id_are_extended_as_events_arrive():
+    index, _ = build([user("look up the customer"), assistant(None, call("c1", "lookup", {}))])
+    counted = index.tokens_by_id()
+    assert counted == {id(m): 10 for m in index.messages}
+    counted["kept"] = 0  # the same map, extended: not made again from every event
+    index.add(tool("c1", "customer_id=C142XYZ"), None, 7, {}, {}, np.zeros(4))
+    assert index.tokens_by_id() is counted and counted[id(index.messages[-1])] == 7 and "kept" in counted
