@@ -51,6 +51,7 @@ def _unshared(report: Any) -> Any:
     if isinstance(report, core.RenderResult):
         report = copy.copy(report)
         report.messages = core.detached(report.messages)
+        report.decisions = list(report.decisions)  # its other list: the caller's own too
     elif isinstance(report, core.Restoration):
         report.message = core.detached(report.message)
     elif isinstance(report, dict):

@@ -175,8 +175,12 @@ def test_a_caller_decorating_its_render_leaves_the_next_renders_cache_share_as_i
     # The session keeps its last render to count what the next request shares with it (the
     # render log's cached tokens): what the caller got is a copy, not that render's messages.
     messages = _reading()
-    for message in engine.render("s", messages, budget=2000).messages:
+    given = engine.render("s", messages, budget=2000, explain=True)
+    for message in given.messages:
         message["cache_control"] = {"type": "ephemeral"}
+    given.decisions.clear()
+    shown = engine.explain("s")
+    assert shown.decisions and not any("cache_control" in message for message in shown.messages)
     engine.render("s", messages + [{"role": "assistant", "content": "done"}, {"role": "user", "content": "next"}], budget=2000)
     (first, second) = engine.inspect("s")["renders"]
     assert second["mode"] == "passthrough" and second["cached_tokens"] >= first["history_tokens"] > 0
