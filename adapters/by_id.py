@@ -8,7 +8,7 @@ edges' ids and its dependencies on their creates), so jaclang's flush orders it,
 failed edge and reports it as any other. Three places take it:
 
 - **the store** (`merge_by_id`, from `SharedSqliteStore._merge_write`): the edges merged into the
-  stored row on its text (adapters/rows.py `merge_edge_ids`, jaclang's merge of the node a load
+  stored row on its text (adapters/merges.py `merge_edge_ids`, jaclang's merge of the node a load
   would have given, the new edges appended, byte for byte), or, for a row in an earlier format, by
   jaclang's merge of the node loaded from the row with them appended;
 - **the working set** (`LinkedById`): a node linked by id that the call loaded afterwards is given
@@ -32,7 +32,7 @@ from jaclang.runtimelib.changeset import ApplyReport, ChangeSet, WriteIntent, Wr
 from jaclang.runtimelib.exceptions import WriteConflict  # noqa: E402
 from jaclang.runtimelib.serializer import Serializer  # noqa: E402
 
-from contextrender.rows import merge_edge_ids  # noqa: E402
+from contextrender.merges import merge_edge_ids  # noqa: E402
 
 __all__ = ["LinkedById", "ResultGone", "links_by_id", "merge_by_id"]
 

@@ -14,7 +14,7 @@ in-process Engine, adapters/local.py, both answer it with `SharedSqliteStore`):
   between them; nothing stored reaches them until the flush's own transaction writes the changed
   stored nodes (their edge lists). Rows written ahead that the flush does not apply are deleted
   again; a process killed between leaves only rows nothing reaches.
-- **Rows made without jaclang's generic serialiser** (adapters/rows.py): a created anchor's row,
+- **Rows made without jaclang's generic serialiser** (adapters/rows.py, adapters/merges.py): a created anchor's row,
   and a stored row merged on its text for an edge-list change or a changed field (jaclang
   deserialises the node, sets the change and serialises it whole: a result's text, a session's
   render log), byte for byte jaclang's rows (tests/test_rows.py, tests/test_store.py).
@@ -54,7 +54,8 @@ from jaclang.runtimelib import memory as jac_memory  # noqa: E402
 from jaclang.runtimelib.changeset import ChangeSet, WriteIntent  # noqa: E402
 
 from contextrender.by_id import links_by_id, merge_by_id  # noqa: E402
-from contextrender.rows import INSERT_ROW as _INSERT, anchor_row, forget_id_texts, id_text, merge_stored_text, time_rows  # noqa: E402
+from contextrender.merges import merge_stored_text  # noqa: E402
+from contextrender.rows import INSERT_ROW as _INSERT, anchor_row, forget_id_texts, id_text, time_rows  # noqa: E402
 
 
 __all__ = ["LENDER", "SharedSqliteStore", "StorePlugin", "busy_timeout", "file_key", "in_blocks", "install", "release"]
@@ -356,7 +357,7 @@ class SharedSqliteStore(jac_memory.SqliteMemory):
 
     def _merge_stored_text(self, conn: sqlite3.Connection, key: str, stored: tuple, intent: WriteIntent) -> bool:
         """jaclang's merge of an intent into a stored row, made on the row's JSON where it can be
-        (adapters/rows.py `merge_stored_text`); False when jaclang must merge it."""
+        (adapters/merges.py `merge_stored_text`); False when jaclang must merge it."""
         return merge_stored_text(conn, key, stored, intent)
 
 

@@ -1,0 +1,98 @@
+"""Stored rows merged on their text (adapters/merges.py): a row the store wrote is merged again
+from its remembered parse, into the row a merge from a parse writes; a row in another layout is
+dumped whole; the memo of parsed rows keeps its size exact when threads change it at once."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+import uuid
+
+from contextrender import merges, rows
+
+from graph import context as graph  # noqa: E402  (a Jac module: importable once contextrender is)
+from jaclang.jac0core.runtime import JacRuntime  # noqa: E402
+
+
+def _stored_result(conn: sqlite3.Connection, edges: int) -> tuple[str, tuple]:
+    """A ToolResult with `edges` edges, stored as the store stores it; its key and stored columns."""
+    result = graph.ToolResult(position=1, turn=1, raw='{"role": "tool", "content": "üñ \\"x\\""}', tokens=9, handle="r1")
+    for _ in range(edges):
+        JacRuntime.build_edge(is_undirected=False, conn_type=graph.Reuses(values=["v"], weight=0.5), conn_assign=None)(
+            graph.Message(position=2, turn=1, raw="{}", tokens=1).__jac__, result.__jac__)
+    conn.execute("CREATE TABLE anchors (id TEXT PRIMARY KEY, type TEXT NOT NULL, arch_module TEXT, arch_type TEXT, "
+                 "fingerprint TEXT, data TEXT NOT NULL, format_version INTEGER NOT NULL DEFAULT 1, updated_at TEXT)")
+    key = str(result.__jac__.id)
+    conn.execute(rows.INSERT_ROW, (key,) + rows.anchor_row(result.__jac__))
+    return (key, conn.execute("SELECT type, arch_module, arch_type, fingerprint, data, format_version FROM anchors").fetchone())
+
+
+def _merged(conn: sqlite3.Connection, key: str, stored: tuple, added: list, *, parsed: bool) -> tuple:
+    """The row `merge_edge_ids` writes over `stored` (put back first), from its remembered parse
+    or (`parsed`) from a parse of its text; the stored columns after it."""
+    conn.execute(rows.INSERT_ROW, (key,) + stored + (None,))
+    if parsed:
+        merges._seen.clear()
+    assert merges.merge_edge_ids(conn, key, stored, added)
+    return conn.execute("SELECT type, arch_module, arch_type, fingerprint, data, format_version FROM anchors").fetchone()
+
+
+def test_a_row_the_store_wrote_is_merged_again_without_parsing_it(monkeypatch):
+    """A result reused again and again is merged by id at each call: the row the last merge wrote
+    is taken as it was parsed then (no `json.loads`), only its text after the edge list written
+    anew, and each row is the one a merge from a parse of the stored text writes."""
+    conn = sqlite3.connect(":memory:")
+    (key, stored) = _stored_result(conn, 3)
+    loads = []
+    real_loads = json.loads
+    monkeypatch.setattr(merges.json, "loads", lambda text, *a, **k: loads.append(text) or real_loads(text, *a, **k))
+    stored = _merged(conn, key, stored, [uuid.uuid4()], parsed=True)
+    for round_ in range(5):
+        added = [uuid.uuid4() for _ in range(round_ % 3 + 1)]
+        loads.clear()
+        merged = _merged(conn, key, stored, added, parsed=False)
+        assert loads == []
+        assert merged == _merged(conn, key, stored, added, parsed=True)
+        assert json.loads(merged[4])["version"] == json.loads(stored[4])["version"] + 1
+        stored = merged
+
+
+def test_a_row_written_in_another_layout_is_dumped_whole():
+    """A stored row whose text is not `json.dumps` of its parse (written with other separators) is
+    merged from the parse and dumped whole, as before this memo."""
+    conn = sqlite3.connect(":memory:")
+    (key, stored) = _stored_result(conn, 2)
+    spaced = json.dumps(json.loads(stored[4]), indent=1)
+    merged = _merged(conn, key, stored[:4] + (spaced,) + stored[5:], [uuid.uuid4()], parsed=True)
+    data = json.loads(spaced)
+    assert merged[4] == json.dumps(json.loads(merged[4])) and set(json.loads(merged[4])["edges"]) > set(data["edges"])
+
+
+def test_the_memo_of_parsed_rows_keeps_its_size_exact_across_threads(monkeypatch):
+    """Two threads writing two store files share the memo. A thread switch at the worst point (the
+    first thread has emptied the memo, full, and not yet reset its character count) must not let the
+    other's row go uncounted: the count is the memo's characters after both. The switch is made
+    here, not waited for: the memo's `clear` runs the other thread's `_remember` and gives it 0.5 s,
+    in which the lock keeps it waiting until the first is done (without the lock it finishes inside
+    the window and the count drifts below the memo's size)."""
+
+    class Switching(dict):
+        def clear(self) -> None:
+            super().clear()
+            if switched:
+                return  # one switch
+            other = threading.Thread(target=merges._remember, args=("b", merges._Seen("y" * 20, {})))
+            other.start()
+            other.join(0.5)
+            switched.append(other)
+
+    switched: list[threading.Thread] = []
+    monkeypatch.setattr(merges, "_seen", Switching())
+    monkeypatch.setattr(merges, "_seen_chars", [0])
+    monkeypatch.setattr(merges, "SEEN_CHARS_MAX", 100)
+    merges._remember("a", merges._Seen("x" * 90, {}))
+    merges._remember("a2", merges._Seen("x" * 30, {}))  # over the bound: the memo is emptied
+    switched[0].join()
+    assert sorted(merges._seen) == ["a2", "b"]
+    assert merges._seen_chars[0] == sum(len(seen.text) for seen in merges._seen.values()) == 50
