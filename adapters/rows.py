@@ -18,6 +18,7 @@ property) to jaclang's `_anchor_to_row` whole. tests/test_rows.py compares the r
 from __future__ import annotations
 
 import json
+import json.encoder
 import threading
 import types
 from datetime import datetime, timezone
@@ -32,7 +33,7 @@ from jaclang.jac0core.archetype import Access, EdgeAnchor, NodeAnchor, Permissio
 from jaclang.runtimelib import memory as jac_memory  # noqa: E402
 from jaclang.runtimelib.serializer import Serializer  # noqa: E402
 
-__all__ = ["INSERT_ROW", "anchor_row", "field_names", "forget_id_texts", "id_text", "row_time", "time_rows", "serialised_value"]
+__all__ = ["INSERT_ROW", "anchor_row", "field_names", "forget_id_texts", "id_text", "row_time", "time_rows", "serialised_value", "value_text"]
 
 # jaclang's insert of a whole row (SqliteMemory._merge_write, its branch for a row not stored yet).
 INSERT_ROW = """
@@ -150,10 +151,37 @@ def serialised_value(val: Any) -> Any:
     return Serializer._serialize_value(val, True)
 
 
-def _access(access: Any) -> Any:
+# A JSON string's text as `json.dumps` writes it (ensure_ascii): json's own C function.
+_string_text = json.encoder.encode_basestring_ascii
+_INFINITIES = (float("inf"), float("-inf"))
+
+
+def value_text(value: Any) -> str:
+    """`json.dumps(value)`: the JSON scalars written here as json writes them (its string encoder,
+    `int.__repr__`, `float.__repr__`), anything else by `json.dumps`. A row's text is made of these
+    and fixed parts: the same bytes as `json.dumps` of the row's dict, without building the dict."""
+    kind = type(value)
+    if kind is str:
+        return _string_text(value)
+    if value is None:
+        return "null"
+    if kind is bool:
+        return "true" if value else "false"
+    if kind is int:
+        return int.__repr__(value)
+    if kind is float and value == value and value not in _INFINITIES:
+        return float.__repr__(value)
+    return json.dumps(value)
+
+
+def _access_text(access: Any) -> str:
+    """The access's JSON text, as jaclang's serialiser writes it."""
     if type(access) is Permission and type(access.roots) is Access:
-        return {"all": access.all.value, "roots": {"anchors": {_text(k): v.value for (k, v) in access.roots.anchors.items()}}}
-    return Serializer._serialize_value(access, True)
+        anchors = access.roots.anchors
+        if not anchors:
+            return '{"all": ' + value_text(access.all.value) + ', "roots": {"anchors": {}}}'
+        return json.dumps({"all": access.all.value, "roots": {"anchors": {_text(k): v.value for (k, v) in anchors.items()}}})
+    return json.dumps(Serializer._serialize_value(access, True))
 
 
 def _text(id: Any) -> str:
@@ -161,35 +189,52 @@ def _text(id: Any) -> str:
     return id_text(id) if type(id) is UUID else str(id)
 
 
+def _id_json(id: Any) -> str:
+    """`json.dumps(str(id))`: a UUID's text needs no escape."""
+    return '"' + id_text(id) + '"' if type(id) is UUID else _string_text(str(id))
+
+
+# (anchor class, archetype class) -> the row text's fixed beginning and its archetype's.
+_heads: dict[tuple[type, type], tuple[str, str]] = {}
+
+
+def _row_heads(kind: type, cls: type) -> tuple[str, str]:
+    heads = _heads.get((kind, cls))
+    if heads is None:
+        heads = _heads[(kind, cls)] = (
+            '{"__type__": ' + _string_text(kind.__name__) + ', "__module__": ' + _string_text(kind.__module__) + ', "id": ',
+            '{"__type__": ' + _string_text(cls.__name__) + ', "__module__": ' + _string_text(cls.__module__))
+    return heads
+
+
 def anchor_row(anchor: Any) -> tuple:
     """jaclang's `_anchor_to_row(anchor)`: (type, arch_module, arch_type, fingerprint, data,
-    format_version, updated_at)."""
+    format_version, updated_at). The data is the text `json.dumps` writes for jaclang's dict of
+    the anchor, made directly: its keys in jaclang's order, each value's text by `value_text`."""
     kind = type(anchor)
     arch = anchor.__dict__.get("archetype")
     cls = type(arch)
     known = _class_names(cls) if (kind is NodeAnchor or kind is EdgeAnchor) and arch is not None else None
     if known is None or not anchor.is_populated() or isinstance(arch, Root):
         return jac_memory._anchor_to_row(anchor)
-    attrs: dict[str, Any] = {"__type__": cls.__name__, "__module__": cls.__module__}
+    (head, arch_head) = _row_heads(kind, cls)
+    parts = [head, _id_json(anchor.id), ', "root": ', _id_json(anchor.root) if anchor.root else "null",
+             ', "persistent": ', value_text(anchor.persistent), ', "access": ', _access_text(anchor.access),
+             ', "archetype": ', arch_head]
     for name in _attr_names(arch, known):
         value = getattr(arch, name)
         if not callable(value):
-            attrs[name] = serialised_value(value)
+            parts += (", ", _string_text(name), ": ", value_text(serialised_value(value)))
     attic = getattr(arch, "__jac_attic__", None)
     if isinstance(attic, dict) and attic:
-        attrs["__jac_attic__"] = Serializer._serialize_value(attic, True)
-    data: dict[str, Any] = {
-        "__type__": kind.__name__, "__module__": kind.__module__, "id": id_text(anchor.id),
-        "root": _text(anchor.root) if anchor.root else None, "persistent": anchor.persistent,
-        "access": _access(anchor.access), "archetype": attrs,
-    }
+        parts += (', "__jac_attic__": ', json.dumps(Serializer._serialize_value(attic, True)))
     if kind is NodeAnchor:
-        data["edges"] = [_text(edge.id) for edge in anchor.edges]
-        data["version"] = anchor.version
+        parts += ('}, "edges": [', ", ".join([_id_json(edge.id) for edge in anchor.edges]), '], "version": ',
+                  value_text(anchor.version), "}")
     else:
-        data["source"] = _text(anchor.source.id) if anchor.source else None
-        data["target"] = _text(anchor.target.id) if anchor.target else None
-        data["is_undirected"] = anchor.is_undirected
+        (source, target) = (anchor.source, anchor.target)
+        parts += ('}, "source": ', _id_json(source.id) if source else "null", ', "target": ',
+                  _id_json(target.id) if target else "null", ', "is_undirected": ', value_text(anchor.is_undirected), "}")
     fingerprint = getattr(cls, "__jac_fingerprint__", None)
     return (kind.__name__, cls.__module__, cls.__name__, fingerprint if isinstance(fingerprint, str) and fingerprint else None,
-            json.dumps(data), jac_memory.SQLITE_DB_FORMAT_VERSION, row_time())
+            "".join(parts), jac_memory.SQLITE_DB_FORMAT_VERSION, row_time())

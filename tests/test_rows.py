@@ -189,3 +189,14 @@ def test_the_ids_texts_are_forgotten_after_each_flush(tmp_path):
     engine = Engine(tmp_path / "store")
     engine.ingest("s", [user("start"), assistant(None, call("c1", "bash", {"cmd": "ls"})), tool("c1", "a.py b.py")])
     assert rows._id_texts == {}
+
+
+def test_a_values_text_is_json_dumps_of_it():
+    """A row's text is made of fixed parts and each value's `value_text`: byte for byte `json.dumps`
+    of the value, for the scalars it writes itself (escapes, non-ASCII, surrogates, big and
+    negative numbers, floats that print long, NaN and the infinities) and the rest it hands on."""
+    values = ["", "plain", 'quote " back \\ slash', "tab\tnew\nline\x00\x1f", "üñ 中文 😀", "\ud800", Word("sub"),
+              0, -1, 2**70, True, False, None, 0.1, -0.0, 1e300, 1 / 3, 5e-324, float("nan"), float("inf"), float("-inf"),
+              [1, "a", None, [2.5]], {"k": [True], "x": {"y": "z"}}, {}, [], Colour.RED.value]
+    for value in values:
+        assert rows.value_text(value) == json.dumps(value), value
