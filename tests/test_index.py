@@ -235,11 +235,37 @@ def test_the_render_figures_kept_on_an_index_are_counted_in_its_size(engine, emp
     items = sum(len(part) for value in index._fold_entries.values()
                 for part in (value if isinstance(value, tuple) else (value,)) if isinstance(part, (list, dict, set)))
     assert items > 0
-    kept = dict(index._fold_entries)
     with_figures = index.size_bytes()
-    index._fold_entries.clear()
+    (kept, index._fold_items) = (index._fold_items, 0)
     assert with_figures - index.size_bytes() >= 56 * items
-    index._fold_entries.update(kept)
+    index._fold_items = kept
+
+
+def test_the_render_figures_are_counted_as_they_are_kept_not_walked_at_each_size(engine, empty_cache):
+    """`size_bytes` reads the count of the figures' items kept as they are written and grown: after
+    every render it is the count a walk over every figure gives, and asking the size walks none."""
+    from engine import index as index_module
+    from engine.index import SESSION_CACHE
+
+    history = swe_history(40)
+    for end in range(8, len(history) + 1, 3):
+        engine.render("counted", history[:end], budget=1200)
+        (index,) = [SESSION_CACHE._indexes[key] for key in SESSION_CACHE._indexes]
+        walked = sum(index_module.fold_items(value) for value in index._fold_entries.values())
+        assert index._fold_items == walked > 0
+
+    class Unwalked(dict):
+        def values(self):
+            raise AssertionError("size_bytes walked every figure")
+
+        def items(self):
+            raise AssertionError("size_bytes walked every figure")
+
+    (index._fold_entries, kept) = (Unwalked(index._fold_entries), index._fold_entries)
+    try:
+        assert index.size_bytes() > 0
+    finally:
+        index._fold_entries = kept
 
 
 def test_the_matrix_grows_with_the_results_and_copies_no_earlier_row_again():

@@ -15,11 +15,13 @@ INSPECTOR_SCREENSHOTS=<folder> saves a PNG of each view there (docs/inspector.md
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import secrets
 import shutil
 import time
+import zlib
 from pathlib import Path
 
 import httpx
@@ -583,6 +585,13 @@ def test_the_log_is_stored_packed_and_a_log_stored_as_plain_text_is_read_and_pac
     def as_plain(session) -> None:  # as a session stored before the log was packed
         session.render_log = json.dumps(before)
 
+    def as_packed_before(session) -> None:  # packed by zlib.compress at level 1, as before PACK_MEMORY
+        session.render_log = PACKED_LOG + base64.b64encode(zlib.compress(json.dumps(before).encode("utf-8"), 1)).decode("ascii")
+
+    _with_session(store, "packed", as_packed_before)
+    engine = Engine(store)
+    assert engine.inspect("packed")["renders"] == shown
+    engine.close()
     _with_session(store, "packed", as_plain)
     engine = Engine(store)
     assert engine.inspect("packed")["renders"] == shown
