@@ -585,3 +585,39 @@ def test_reuse_latest_gives_room_to_what_the_latest_message_used(tmp_path):
     assert status[False][0]["a"] == "omitted"
     assert status[True][0]["a"] == "kept", status[True]
     assert status[True][1].endswith("; result r1, left out and used since, given its room beyond the cap")
+
+
+def test_keep_folded_keeps_what_the_previous_request_showed_of_its_folded_turns(tmp_path):
+    """`keep_folded` (docs/restores.md, "customer service at 2K, a second round"): when a
+    re-render's fold moves, the cost-aware choice also weighs re-renders that keep what the
+    previous request showed of its folded turns (the marker and the results under it, up to a cut)
+    and select again after them. Without it, each re-render whose fold moves here evicts a result
+    shown under the marker, and the provider's cache ends after the task and the marker; with it,
+    such a re-render sends the previous request again up to its cut."""
+    messages = session(30)
+
+    def kept_until(before: list[dict], cut: int) -> int:
+        """The previous request's messages before the first that shows an event from `cut` on, or its fold index."""
+        late = {m["tool_call_id"] for m in messages[cut:] if m["role"] == "tool"}
+        for k, m in enumerate(before):
+            ids = {c["id"] for c in m.get("tool_calls") or []} | {m.get("tool_call_id")}
+            if ids & late or (m["role"] == "user" and str(m.get("content")).startswith("Results left out")):
+                return k
+        return len(before)
+
+    shared = {}
+    for on in (False, True):
+        results = replay(Engine(tmp_path / f"kept{on}"), messages, 1200, keep_folded=on)
+        moved = [(b, a) for b, a in zip(results, results[1:]) if a.mode == "re-render" and 0 < b.folded_messages < a.folded_messages]
+        assert moved
+        shared[on] = [shared_prefix(b.messages, a.messages) for b, a in moved]
+        kept = [(b, a) for b, a in moved if "of its folded turns up to message #" in a.mode_reason]
+        if not on:
+            assert not kept
+            continue
+        assert kept
+        for before, after in kept:
+            cut = int(after.mode_reason.split("of its folded turns up to message #")[1].split()[0])
+            assert shared_prefix(before.messages, after.messages) >= kept_until(before.messages, cut) > 2
+    # Without it the cache ends after the task and the marker at such a re-render.
+    assert max(shared[False]) == 2 < max(shared[True])
