@@ -621,3 +621,28 @@ def test_keep_folded_keeps_what_the_previous_request_showed_of_its_folded_turns(
             assert shared_prefix(before.messages, after.messages) >= kept_until(before.messages, cut) > 2
     # Without it the cache ends after the task and the marker at such a re-render.
     assert max(shared[False]) == 2 < max(shared[True])
+
+def test_headroom_used_gives_part_of_the_headroom_to_results_the_model_used(tmp_path):
+    """`headroom_used` (docs/restores.md, "a seventh round"): once the paper's selection has
+    filled a re-render's cap, it continues into this share of the headroom among results with
+    observed use only. Here the oldest result `a`, whose value a later call used, is left out
+    under the cap; with the setting it is shown in the headroom, while `b`, never used and
+    ranked above it, still is not (the room is the used results', not a smaller headroom)."""
+    budget = 900
+    settings = dict(w_relevance=0.0, similarity_penalty=0.0, cache_value=0.0, prose_share=1.0, headroom=0.5)
+    messages = [user("compare")]
+    messages += [assistant(None, call("a", "read", {})), tool("a", "A_VALUE_1111 " + filler("a", 140))]
+    messages += [assistant(None, call("b", "read", {})), tool("b", "B_VALUE_2222 " + filler("b", 140))]
+    messages += [assistant(None, call("c", "read", {"key": "A_VALUE_1111"})), tool("c", "C_VALUE_3333 " + filler("c", 140))]
+    for name in ("d", "e", "f"):
+        messages += [assistant(None, call(name, "read", {})), tool(name, f"{name.upper()}_VALUE_4444 " + filler(name, 140))]
+    messages += [assistant("next", call("g", "look", {})), tool("g", "small")]
+    status = {}
+    for used in (0.0, 1.0):
+        result = Engine(tmp_path / f"used{used}").render("s", messages, budget=budget, explain=True, headroom_used=used, **settings)
+        assert_sound(result, budget)
+        assert result.mode == "re-render"
+        status[used] = {d.call_id: d.status for d in result.decisions}
+    assert status[0.0]["a"] == "omitted" and status[0.0]["b"] == "omitted", status[0.0]
+    assert status[1.0]["a"] == "kept", status[1.0]
+    assert status[1.0]["b"] == "omitted", status[1.0]
