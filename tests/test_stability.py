@@ -622,6 +622,7 @@ def test_keep_folded_keeps_what_the_previous_request_showed_of_its_folded_turns(
     # Without it the cache ends after the task and the marker at such a re-render.
     assert max(shared[False]) == 2 < max(shared[True])
 
+
 def test_headroom_used_gives_part_of_the_headroom_to_results_the_model_used(tmp_path):
     """`headroom_used` (docs/restores.md, "a seventh round"): once the paper's selection has
     filled a re-render's cap, it continues into this share of the headroom among results with
