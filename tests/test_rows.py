@@ -12,6 +12,8 @@ import typing
 import uuid
 from datetime import datetime
 
+import numpy as np
+
 from conftest import assistant, call, tool, trace_prefix, user
 
 from contextrender import Engine, rows, store
@@ -31,6 +33,21 @@ GRAPH_CLASSES = sorted(
 
 class Colour(enum.Enum):
     RED = "red"
+
+
+class Level(enum.IntEnum):
+    """An int subclass whose repr is not its number: json writes the number, so must the row."""
+    LOW = 1
+
+
+class Count(int):
+    def __repr__(self) -> str:
+        return f"Count({int(self)})"
+
+
+class Ratio(float):
+    def __repr__(self) -> str:
+        return f"Ratio({float(self)})"
 
 
 class Word(str):
@@ -95,6 +112,8 @@ def test_values_jaclangs_walk_treats_apart_give_its_row():
     session.figures = {"shadows": "a method"}  # not callable on this instance: written
     session.events = len  # a callable value: jaclang skips it
     session.name = Word("a str subclass")
+    # Number subclasses with their own repr, as whole values: json writes the number.
+    (session.extra_level, session.extra_count, session.extra_ratio, session.extra_numpy) = (Level.LOW, Count(3), Ratio(0.5), np.float64(0.1))
     session.config = {"level": AccessLevel.CONNECT, 1.5: (1, "tuple"), "set": Colour.RED}
     _same_row(session.__jac__)
     result = _instance(graph.ToolResult, 4)
@@ -197,6 +216,7 @@ def test_a_values_text_is_json_dumps_of_it():
     negative numbers, floats that print long, NaN and the infinities) and the rest it hands on."""
     values = ["", "plain", 'quote " back \\ slash', "tab\tnew\nline\x00\x1f", "üñ 中文 😀", "\ud800", Word("sub"),
               0, -1, 2**70, True, False, None, 0.1, -0.0, 1e300, 1 / 3, 5e-324, float("nan"), float("inf"), float("-inf"),
-              [1, "a", None, [2.5]], {"k": [True], "x": {"y": "z"}}, {}, [], Colour.RED.value]
+              [1, "a", None, [2.5]], {"k": [True], "x": {"y": "z"}}, {}, [], Colour.RED.value,
+              Level.LOW, Count(3), Ratio(0.5), np.float64(0.1)]
     for value in values:
         assert rows.value_text(value) == json.dumps(value), value
