@@ -27,14 +27,14 @@ from contextrender.jaclang_setup import import_jaclang
 
 import_jaclang()  # before any jaclang import of this module: without the server's plugins
 
-from jaclang.jac0core.archetype import NodeAnchor, Root  # noqa: E402
+from jaclang.jac0core.archetype import Access, NodeAnchor, Permission, Root  # noqa: E402
 from jaclang.runtimelib import memory as jac_memory  # noqa: E402
 from jaclang.runtimelib.changeset import WriteIntent  # noqa: E402
 from jaclang.runtimelib.exceptions import WriteConflict  # noqa: E402
 from jaclang.runtimelib.serializer import Serializer  # noqa: E402
 from jaclang.runtimelib.typecache import get_field_types  # noqa: E402
 
-from contextrender.rows import INSERT_ROW, id_text, row_time  # noqa: E402
+from contextrender.rows import INSERT_ROW, id_text, row_time, serialised_value  # noqa: E402
 
 __all__ = ["merge_edge_ids", "merge_stored_text"]
 
@@ -145,7 +145,7 @@ def merge_edge_ids(conn: sqlite3.Connection, key: str, stored: tuple, added_ids:
     for id in added_ids:
         text_of[id.int] = id_text(id)
     # NodeAnchor.edge_delta on the node as loaded, the new edges appended.
-    initial = set(frozenset(e for e in stored_ids))
+    initial = set(frozenset(stored_ids))  # (a list is iterated as a generator is: the same set)
     current = set(e for e in stored_ids + [id.int for id in added_ids])
     (added, removed) = (set(current - initial), set(initial - current))
     merged = list((set(stored_ids) | added) - removed)
@@ -160,6 +160,17 @@ def merge_edge_ids(conn: sqlite3.Connection, key: str, stored: tuple, added_ids:
                               jac_memory.SQLITE_DB_FORMAT_VERSION, row_time()))
     _remember(key, _Seen(text, data, merged, head))
     return True
+
+
+def _same_access(stored: object, access: object) -> bool:
+    """Whether the stored access (parsed) is `access` as jaclang serialises it, compared as jaclang's
+    merge compares them (their JSON texts with sorted keys): for the usual access, no root granted,
+    without making either text (an equal value of another type, say `true` for 1, is another text)."""
+    if type(access) is Permission and type(access.roots) is Access and not access.roots.anchors and type(stored) is dict:
+        level = access.all.value
+        return stored == {"all": level, "roots": {"anchors": {}}} and type(stored["all"]) is type(level)
+    serialised = Serializer._serialize_value(access, include_type=True)
+    return json.dumps(stored, sort_keys=True, default=str) == json.dumps(serialised, sort_keys=True, default=str)
 
 
 def merge_stored_text(conn: sqlite3.Connection, key: str, stored: tuple, intent: WriteIntent) -> bool:
@@ -212,13 +223,12 @@ def merge_stored_text(conn: sqlite3.Connection, key: str, stored: tuple, intent:
             _remember(key, None)
             return True
         changed = True
-    access = Serializer._serialize_value(anchor.access, include_type=True)
-    if json.dumps(data.get("access"), sort_keys=True, default=str) != json.dumps(access, sort_keys=True, default=str):
-        data["access"] = access
+    if not _same_access(data.get("access"), anchor.access):
+        data["access"] = Serializer._serialize_value(anchor.access, include_type=True)
         changed = True
     dirty = [f for f in intent.fields if f in fields]
     for name in dirty:
-        stored_arch[name] = Serializer._serialize_value(getattr(arch, name), include_type=True)
+        stored_arch[name] = serialised_value(getattr(arch, name))
     if intent.fields:
         changed = True  # as jaclang: a flagged field is written, even to the same value
     if changed:
