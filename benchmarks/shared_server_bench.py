@@ -181,8 +181,11 @@ def collections(gc_log: Path, began: float, ended: float, after: float) -> str:
     during = [r for r in full if began <= r[0] < ended]
     later = [r for r in full if ended <= r[0] < ended + after]
     young = [r for r in rows if r[2] < 2 and began <= r[0] < ended + after]
+    longest = sorted(young, key=lambda r: -r[1])[:5]
     return (f"full collections while the big call ran: {told(during)}; in the {after:.0f} s after it: {told(later)}; "
-            f"younger ones over 50 ms: {len(young)}")
+            f"younger ones over 50 ms: {len(young)}"
+            + (" (the longest, seconds into the big call: " + ", ".join(f"{r[1]:.2f} s of generation {r[2]:.0f} at {r[0] - began:.1f} s"
+                                                                      for r in longest) + ")" if longest else ""))
 
 
 def one_run(args: argparse.Namespace, body: str, label: str, env: dict[str, str]) -> dict:
@@ -236,6 +239,12 @@ def one_run(args: argparse.Namespace, body: str, label: str, env: dict[str, str]
             shift = time.time() - time.monotonic()
             if args.gc_probe:
                 print(f"server: {collections(gc_log, began + shift, ended + shift, args.after)}")
+            slow: dict[int, int] = {}
+            for row in on_sessions(during):
+                if row[1] > 1.0:
+                    slow[int(row[0] - began)] = slow.get(int(row[0] - began), 0) + 1
+            print("  their calls on sessions over 1 s, by the second of the big call they began in: "
+                  + (", ".join(f"{second} s: {count}" for (second, count) in sorted(slow.items())) or "none"))
             by_kind: dict[str, list] = {}
             for row in during:
                 by_kind.setdefault(row[3], []).append(row)
