@@ -322,8 +322,14 @@ def test_the_fold_index_names_each_result_with_what_produced_it_as_far_as_its_sh
     assert f" {handles[newest]} (pytest tests/t{newest[1:]}.py)" in wide
     # Within the index's share of B.
     assert TOK.count(text) <= int(budget * 0.08) + 8
+    # Without labels: bare handles, each folded result it leaves out named (its own: with the
+    # index's labels gone it has room to show more of them in full).
     bare = engine.render("t", messages, budget=budget, fold_index_label=0)
-    assert "(pytest" not in fold_index_text(bare) and f" {handles[newest]}" in fold_index_text(bare)
+    bare_shown = {m.get("tool_call_id") for m in bare.messages if m["role"] == "tool"}
+    left_out = [c for c in folded if 2 * int(c[1:]) + 2 < bare.folded_messages and c not in bare_shown]
+    assert left_out and "(pytest" not in fold_index_text(bare)
+    for call_id in left_out:
+        assert re.search(rf" {handles[call_id]}(?!\w)", fold_index_text(bare)), (call_id, fold_index_text(bare))
     assert_sound(result, budget)
 
 
@@ -342,8 +348,9 @@ def test_an_index_the_prose_share_cannot_hold_takes_the_headroom_not_the_results
         return sum(1 for m in history_of(result) if m["role"] == "tool" and "omitted to fit" not in str(m["content"]))
 
     # The task cut to the whole of the fold's target: with it, the marker and the index overflow the share.
-    prose = engine.render("prose", messages, budget=budget, fold_index_room="prose", task_share=1.0)
-    spill = engine.render("spill", messages, budget=budget, fold_index_room="spill", task_share=1.0)
+    # (With the headroom before 2026-12-06's second round: at 0.45 the results' room holds one more here.)
+    prose = engine.render("prose", messages, budget=budget, fold_index_room="prose", task_share=1.0, headroom=0.55)
+    spill = engine.render("spill", messages, budget=budget, fold_index_room="spill", task_share=1.0, headroom=0.55)
     assert prose.folded_messages == spill.folded_messages > 0
     # The same index, less the results each shows in full above it (it names what is left out).
     listed = lambda result: set(re.findall(r"(?<!\w)r\d+(?!\w)", fold_index_text(result)))
@@ -662,7 +669,7 @@ def test_explain_and_last_render_are_the_same_after_a_restart(tmp_path):
     # 15 calls: under the defaults before 2026-12-06 (no hysteresis, headroom 0.5) the last one
     # re-renders (its reasons are checked below); with the hysteresis it appends. (The epoch state
     # across a restart under the defaults: tests/test_stability.py.)
-    old = {"stickiness": 0.0, "sticky_to": "shown", "headroom": 0.5}
+    old = {"stickiness": 0.0, "sticky_to": "shown", "headroom": 0.5, "keep_folded": False}
     for messages in _agent_loop(15):
         rendered = restarted.render("s", messages, budget=900, **old)
         # (Another session name: the index cache is keyed by node id, the same in two stores.)
@@ -960,16 +967,19 @@ def test_the_fold_index_as_sent_is_written_from_its_listing_not_cut_from_its_tex
 
     steady = Engine(tmp_path / "steady")
     messages = _checks(10)
+    # The settings before 2026-12-06's second round, under which r3 is shown above the index at
+    # some of these calls (with today's defaults it is not, at any of them).
+    old = {"headroom": 0.55, "keep_folded": False}
     shown_r3 = 0
     for end in range(3, len(messages) + 1, 2):
         # A restart: the reopened store's index is rebuilt, the steady one's stays cached.
         for key in [k for k in SESSION_CACHE._indexes if str(tmp_path / "restarted") in k]:
             SESSION_CACHE.drop(key)
         restarted = Engine(tmp_path / "restarted")
-        result = steady.render("s", messages[:end], budget=1500, explain=True)
+        result = steady.render("s", messages[:end], budget=1500, explain=True, **old)
         assert_sound(result, 1500)
         assert fold_index_text(result) == _expected_index(messages[:end], result), end
-        again = restarted.render("s", messages[:end], budget=1500, explain=True)
+        again = restarted.render("s", messages[:end], budget=1500, explain=True, **old)
         assert again.messages == result.messages and again.mode == result.mode, end
         if result.folded_messages > 5 and any(m.get("tool_call_id") == "call_2" for m in result.messages):
             shown_r3 += 1
