@@ -63,6 +63,12 @@ def serve(upstream: str, port: int, plain: bool) -> None:
     import uvicorn
 
     from contextrender.limits import uvicorn_settings
+    from contextrender.proxy import command
+
+    # Logging as `contextrender proxy` sets it (its default --log-level info): the proxy's line per
+    # request, other libraries' (httpx's line per upstream call) at warning. Before this, jaclang's
+    # own set-up left every logger at INFO here, and the null proxy paid for httpx's line too.
+    command._logging("info")
     from contextrender.proxy.app import create_app
 
     app = create_app(NullBackend(), upstream, 6000)

@@ -276,6 +276,28 @@ def _route(proxy: _Proxy, protocol: Protocol) -> Any:
     return route
 
 
+class Conversations:
+    """ASGI middleware, the app's innermost: a POST to a protocol's path goes to `_Proxy.managed`
+    directly, as its FastAPI route would send it, without the route machinery around it (FastAPI's
+    per-request dependency solving and exception wrappers, Starlette's route matching). Anything
+    else goes on to the app's routes, and so does a request under a `root_path` (the routes match
+    it as they always did). An error raised by `managed` still reaches Starlette's outermost
+    middleware (a 500); there is no HTTPException on this path for the inner one to handle."""
+
+    def __init__(self, app: Any, proxy: _Proxy) -> None:
+        self.app = app
+        self.proxy = proxy
+        self.protocols = {p.path: p for p in PROTOCOLS}
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        protocol = self.protocols.get(scope["path"]) if scope["type"] == "http" and scope["method"] == "POST" else None
+        if protocol is None or scope.get("root_path"):
+            await self.app(scope, receive, send)
+            return
+        response = await self.proxy.managed(Request(scope, receive, send), protocol)
+        await response(scope, receive, send)
+
+
 def create_app(
     backend: Backend,
     upstream: str,
@@ -332,6 +354,7 @@ def create_app(
 
     app = FastAPI(title="ContextRender proxy", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.proxy = proxy
+    app.add_middleware(Conversations, proxy=proxy)  # innermost: after the admission and the count
     app.add_middleware(Admission, fmt_of=format_of_request, max_body=max_body,
                        allowed_origins=allowed_origins_setting() if allowed_origins is None else list(allowed_origins))
     # Outside the admission: its refusals are counted too.
@@ -347,7 +370,7 @@ def create_app(
         return JSONResponse({"ready": True})
 
     app.add_api_route(READY_PATH, ready, methods=["GET"])  # before the inspector's /contextrender/ routes
-    for protocol in PROTOCOLS:
+    for protocol in PROTOCOLS:  # served by `Conversations`; here for a request under a root_path
         app.add_api_route(protocol.path, _route(proxy, protocol), methods=["POST"], name=protocol.name)
     if inspect:  # the session inspector (docs/inspector.md), before the passthrough route below
         app.include_router(inspector.proxy_router(backend))

@@ -115,7 +115,7 @@ class Restores:
             self.metrics.restores.labels(outcome).inc()
 
     @staticmethod
-    def _request(url: str, sent: list, body: dict, offered: bool, rounds: RequestRounds, protocol: RestoreProtocol) -> httpx.Request:
+    def _request(url: httpx.URL, sent: list, body: dict, offered: bool, rounds: RequestRounds, protocol: RestoreProtocol) -> httpx.Request:
         rounds.called(protocol)
         (content, rounds.first) = (rounds.first, None)
         if content is None or not offered or rounds.messages:
@@ -149,14 +149,14 @@ class Restores:
         rounds.count += 1
 
     async def _whole(
-        self, url: str, sent: list, body: dict, session_id: str, on_answer: OnAnswer,
+        self, url: httpx.URL, sent: list, body: dict, session_id: str, on_answer: OnAnswer,
         headers: list, rounds: RequestRounds, protocol: RestoreProtocol, gone: asyncio.Future,
     ) -> Response:
         fmt = protocol.fmt
         while True:
             offered = rounds.count < self.limit
             try:
-                response = await unless_gone(gone, self.upstream.client.send(self._request(url, sent, body, offered, rounds, protocol)))
+                response = await unless_gone(gone, self.upstream.send(self._request(url, sent, body, offered, rounds, protocol)))
             except httpx.HTTPError as exc:
                 return self.upstream.failed(exc, fmt, headers + rounds.headers())
             answer = response.content  # decoded: the agent gets it without content-encoding
@@ -178,7 +178,7 @@ class Restores:
             return plain
 
     async def _stream(
-        self, url: str, sent: list, body: dict, session_id: str, on_answer: OnAnswer,
+        self, url: httpx.URL, sent: list, body: dict, session_id: str, on_answer: OnAnswer,
         headers: list, rounds: RequestRounds, protocol: RestoreProtocol, gone: asyncio.Future,
     ) -> Response:
         fmt = protocol.fmt
@@ -212,7 +212,7 @@ class Restores:
             while True:
                 offered = rounds.count < self.limit
                 try:
-                    response = await upstream.client.send(self._request(url, sent, body, offered, rounds, protocol), stream=True)
+                    response = await upstream.send(self._request(url, sent, body, offered, rounds, protocol), stream=True)
                 except httpx.HTTPError as exc:
                     if not started:
                         yield upstream.failed(exc, fmt, headers + rounds.headers())

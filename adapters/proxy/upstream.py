@@ -24,6 +24,8 @@ from contextrender.proxy.streams import Decoder
 __all__ = ["ClientGone", "Upstream", "error", "unless_gone"]
 
 log = logging.getLogger("contextrender.proxy")
+# httpx's own line per request ("HTTP Request: ..."), kept where the proxy calls the transport itself.
+_httpx_log = logging.getLogger("httpx")
 
 # ContextRender's own request headers: read by the proxy, never forwarded.
 OWN_HEADERS = "x-contextrender-"
@@ -33,6 +35,8 @@ _REQUEST_SKIP = {
     "upgrade", "proxy-authorization", "proxy-connection",
 }
 _RESPONSE_SKIP = {"content-length", "connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade"}
+# Upstream URLs kept parsed, by path (requests without a query: the protocols' paths, a few others).
+_PARSED_URLS = 64
 
 
 def error(fmt: Format, status: int, message: str, kind: str, headers: Sequence[tuple[str, str]] = ()) -> JSONResponse:
@@ -77,10 +81,44 @@ class Upstream:
         self.base = base.rstrip("/")
         self.timeout = timeout
         self.client = client
+        self._parsed: dict[str, httpx.URL] = {}
 
-    def url(self, path: str, query: str) -> str:
-        rest = path[3:] if path == "/v1" or path.startswith("/v1/") else path
-        return self.base + rest + (f"?{query}" if query else "")
+    def url(self, path: str, query: str) -> httpx.URL:
+        """The upstream URL of a request to `path`, parsed (httpx parses a URL given as text at each
+        request: a third of building the request); kept for the first few paths without a query."""
+        parsed = None if query else self._parsed.get(path)
+        if parsed is None:
+            rest = path[3:] if path == "/v1" or path.startswith("/v1/") else path
+            parsed = httpx.URL(self.base + rest + (f"?{query}" if query else ""))
+            if not query and len(self._parsed) < _PARSED_URLS:
+                self._parsed[path] = parsed
+        return parsed
+
+    async def send(self, request: httpx.Request, stream: bool = False) -> httpx.Response:
+        """`client.send(request, stream=stream)`, made through the client's transport for the URL
+        (the pool, or the proxy its environment names), with the client's timeout: what
+        `AsyncClient.send` adds around that call (the cookies of answers kept in the client, the
+        auth and redirect flows, event hooks) is nothing the proxy uses (it sends each request as it
+        built it, follows no redirect and sends no stored cookie), and it was a sixth of the CPU of
+        an upstream call (docs/performance.md, "the HTTP side again"). httpx's log line is kept. A
+        URL with a user name or password (Basic auth), or a client given auth or hooks, goes
+        through `client.send`."""
+        client = self.client
+        if request.url.userinfo or client.auth is not None or any(client.event_hooks.values()):
+            return await client.send(request, stream=stream)
+        request.extensions.setdefault("timeout", client.timeout.as_dict())
+        response = await client._transport_for_url(request.url).handle_async_request(request)
+        response.request = request
+        if _httpx_log.isEnabledFor(logging.INFO):
+            _httpx_log.info('HTTP Request: %s %s "%s %d %s"', request.method, request.url, response.http_version,
+                            response.status_code, response.reason_phrase)
+        if not stream:
+            try:
+                await response.aread()
+            except BaseException:
+                await response.aclose()
+                raise
+        return response
 
     @staticmethod
     def request_headers(request: Request, identity: bool = False) -> list[tuple[bytes, bytes]]:
@@ -148,7 +186,7 @@ class Upstream:
             request.method, self.url(request.url.path, request.url.query), headers=self.request_headers(request), content=body,
         )
         try:
-            response = await unless_gone(gone, self.client.send(upstream_request, stream=True))
+            response = await unless_gone(gone, self.send(upstream_request, stream=True))
         except httpx.HTTPError as exc:
             return self.failed(exc, fmt, headers)
         out_headers = self.response_headers(response) + list(headers)
