@@ -16,6 +16,13 @@ READS = 8
 HANDLE = re.compile(r'call contextrender_restore with handle \\?"([rp][0-9]+)\\?"')
 
 
+def named_handles(text: str) -> list[str]:
+    """The handles a request names: its stubs' first, then its fold index's entries (a tool's line,
+    "read_file results: r1 (src/f0.py) r2 (src/f1.py)"), in `text` or in its JSON."""
+    lines = re.findall(r"results: ([^\n\"\\]*)", text)
+    return HANDLE.findall(text) + [h for line in lines for h in re.findall(r"(?<!\w)([rp][0-9]+)(?!\w)", line)]
+
+
 def body(path: str) -> str:
     """What the agent's read_file tool returns for `path`."""
     return " ".join(f"{path}_line_{j} = value_{j}" for j in range(40))
