@@ -222,13 +222,16 @@ class SharedSqliteStore(jac_memory.SqliteMemory):
         from contextrender import core
 
         give_way = core.give_way  # the serialisation of a long call's rows gives way (engine/courtesy.jac)
-        rows: dict[Any, tuple] = {}
+        # The created rows as their insert's parameters, by their id's number (a UUID's `__hash__`
+        # is Python: rows.py `id_text`).
+        rows: dict[int, tuple] = {}
         for stage in changeset.staged():
             for intent in stage:
                 give_way()
                 if intent.is_create() and not intent.is_delete():
                     try:
-                        rows[intent.anchor.id] = anchor_row(intent.anchor)
+                        anchor = intent.anchor
+                        rows[anchor.id.int] = (id_text(anchor.id), *anchor_row(anchor))
                     except Exception:  # noqa: BLE001  (jaclang reports it from inside, as before)
                         pass
         # The store's own (re-entrant) lock, which jaclang's apply takes too: the rows are this flush's.
@@ -240,26 +243,26 @@ class SharedSqliteStore(jac_memory.SqliteMemory):
                 report = super().apply(changeset)
             finally:
                 self._prepared, self._written_ahead = {}, set()
-            if ahead - set(report.applied):
-                self._take_back(ahead - set(report.applied))
+            if ahead and ahead - {id.int for id in report.applied}:
+                self._take_back(ahead - {id.int for id in report.applied})
             return report
 
-    def _write_ahead(self, rows: dict[Any, tuple]) -> set:
+    def _write_ahead(self, rows: dict[int, tuple]) -> set[int]:
         """Insert the created rows but roots', WRITE_AHEAD_BATCH to a transaction, giving way
-        between transactions; the ids written (a row already stored is left to the flush)."""
+        between transactions; the ids written, as numbers (a row already stored is left to the flush)."""
         from contextrender import core
 
         self._ensure_connection()
         conn = self.__conn__
         conn.commit()
-        pending = [(key, row) for (key, row) in rows.items() if row[1:3] != (Root.__module__, Root.__name__)]
+        pending = [(key, row) for (key, row) in rows.items() if row[2:4] != (Root.__module__, Root.__name__)]
         written: set = set()
         for start in range(0, len(pending), WRITE_AHEAD_BATCH):
             try:
                 batch: list = []
                 conn.execute("BEGIN IMMEDIATE")
                 for (key, row) in pending[start:start + WRITE_AHEAD_BATCH]:
-                    if conn.execute(_INSERT_NEW, (id_text(key),) + row).rowcount == 1:
+                    if conn.execute(_INSERT_NEW, row).rowcount == 1:
                         batch.append(key)
                 conn.commit()
             except sqlite3.Error:
@@ -273,7 +276,7 @@ class SharedSqliteStore(jac_memory.SqliteMemory):
         """Delete rows written ahead that their flush did not apply (nothing stored reaches them)."""
         self.__conn__.commit()
         with self.__conn__ as conn:
-            in_blocks(conn, "DELETE FROM anchors WHERE id IN (?ids)", [str(key) for key in ids])
+            in_blocks(conn, "DELETE FROM anchors WHERE id IN (?ids)", [str(UUID(int=key)) for key in ids])
 
     def edge_targets(self, node: UUID, edge_ids: list[UUID], via: type, cls: type, fields: tuple[str, ...],
                      root: UUID) -> list[tuple[UUID, dict]] | None:
@@ -331,11 +334,12 @@ class SharedSqliteStore(jac_memory.SqliteMemory):
         merge_by_id(self, conn, intent)
 
     def _merge_write(self, conn: sqlite3.Connection, intent: WriteIntent) -> None:
-        if intent.anchor.id in getattr(self, "_written_ahead", ()):
+        number = intent.anchor.id.int
+        if number in getattr(self, "_written_ahead", ()):
             return  # this flush's own row, inserted ahead (`_write_ahead`)
         key = id_text(intent.anchor.id)
-        row = self._prepared.get(intent.anchor.id) if hasattr(self, "_prepared") else None
-        if row is not None and conn.execute(_INSERT_NEW, (key,) + row).rowcount == 1:
+        row = self._prepared.get(number) if hasattr(self, "_prepared") else None
+        if row is not None and conn.execute(_INSERT_NEW, row).rowcount == 1:
             # A created anchor with no stored row: inserted, as below, without a read (a stored
             # row with its id is left as it is, and merged below).
             return
@@ -346,9 +350,9 @@ class SharedSqliteStore(jac_memory.SqliteMemory):
             "SELECT type, arch_module, arch_type, fingerprint, data, format_version FROM anchors WHERE id = ?", (key,)
         ).fetchone()
         if stored is None:
-            row = self._prepared.get(intent.anchor.id) if hasattr(self, "_prepared") else None
+            row = self._prepared.get(number) if hasattr(self, "_prepared") else None
             if row is not None:
-                conn.execute(_INSERT, (key,) + row)
+                conn.execute(_INSERT, row)
                 return
         elif self._merge_stored_text(conn, key, stored, intent):
             return
