@@ -207,7 +207,19 @@ def test_the_ids_texts_are_forgotten_after_each_flush(tmp_path):
     full collection walk them."""
     engine = Engine(tmp_path / "store")
     engine.ingest("s", [user("start"), assistant(None, call("c1", "bash", {"cmd": "ls"})), tool("c1", "a.py b.py")])
-    assert rows._id_texts == {}
+    assert rows._id_texts == {} and rows._id_jsons == {}
+
+
+def test_an_ids_json_text_is_remembered_by_its_number(monkeypatch):
+    """A row writes an id as `json.dumps(str(id))`, remembered by the UUID's number (a UUID's own
+    hash is Python code): an equal id, another object, gets the same text; the memory is bounded."""
+    monkeypatch.setattr(rows, "ID_TEXTS_MAX", 3)
+    monkeypatch.setattr(rows, "_id_jsons", {})
+    ids = [uuid.uuid4() for _ in range(5)]
+    assert [rows._id_json(id) for id in ids] == [json.dumps(str(id)) for id in ids]
+    assert len(rows._id_jsons) <= 3 and set(rows._id_jsons) <= {id.int for id in ids}
+    assert rows._id_json(uuid.UUID(str(ids[-1]))) is rows._id_json(ids[-1])
+    assert rows._id_json("not-a-uuid \"x\"") == json.dumps('not-a-uuid "x"')
 
 
 def test_a_values_text_is_json_dumps_of_it():
