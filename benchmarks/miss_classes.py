@@ -5,8 +5,9 @@ class, read from the plan that made the render (its constraints, layout and choi
 - at a re-render (or the append after it, which keeps what the re-render left out: "append:"
   prefixed to the class the result had at that re-render):
   - `prefix`: a partial re-render kept the previous request up to a cut before the result, which
-    that request did not show, and the full re-render (the cost-aware choice's other option) shows
-    it (when the full one leaves it out too, the class is the one it has there);
+    that request did not show (or, with `keep_folded`, a re-render kept what it showed of its
+    folded turns up to such a cut), and the full re-render (the cost-aware choice's other option)
+    shows it (when the full one leaves it out too, the class is the one it has there);
   - `too large for B`: its cost (with its call's wrapper when its turn is folded) exceeds the room
     B leaves for results once the layout is paid for;
   - `too large for the cap`: it exceeds the re-render's room under its cap, not B's;
@@ -94,10 +95,13 @@ def classify(plan, r: int) -> str:
     if r in choice.chosen:
         return "shown cut (newest step)" if r in layout.newest else "shown compacted (larger than B)"
     if r not in choice.final_cost:
-        if constraints.kept is not None:
-            full = FULL["plan"]
+        # A re-render that kept part of the previous request (a partial one, or `keep_folded`'s
+        # folded turns): the full re-render was the cost-aware choice's other option.
+        full = FULL.get("plan")
+        if full is not None and full is not plan:
             if r in full.choice.chosen:
-                return "prefix: before a partial re-render's cut, not shown by the previous request, shown by the full re-render"
+                kept = "a partial re-render's cut" if constraints.kept is not None else "the cut in the folded turns kept"
+                return f"prefix: before {kept}, not shown by the previous request, shown by the full re-render"
             # Left out by the full re-render too: its class there.
             return classify(full, r)
         return "not a candidate"
@@ -119,6 +123,48 @@ def classify(plan, r: int) -> str:
     return f"ranked below ({evicted}; trails on {trailing_term(plan, r)})"
 
 
+def replay_trace(trace: dict, request: dict, store: str, classes: collections.Counter) -> tuple[int, int]:
+    """Replay one trace in a store of its own at `store`, adding each missed event's class to
+    `classes`; returns (events, in view)."""
+    messages = trace["messages"]
+    engine = Engine(store)
+    session = trace["id"]
+    events = collections.defaultdict(list)
+    for event in reuse_events(messages):
+        events[event.turn].append(event)
+    originals = {m["tool_call_id"]: m.get("content") for m in messages if m["role"] == "tool"}
+    # Each result's class at the latest re-render, and each result's latest reuse (turn).
+    at_rerender: dict[int, str] = {}
+    last_reuse: dict[str, int] = {}
+    last_turn = -1
+    total = hits = 0
+    for j, _ in assistant_turns(engine, session, messages):
+        FULL.clear()
+        result = engine.render_variants(session, [request])[0]
+        plan = last_plan(session) if result.selected else None
+        if plan is not None and result.mode == "re-render":
+            at_rerender = {r: classify(plan, r) for r in plan.results if r not in plan.shown_whole()}
+        visible = visible_results(result.messages, originals)
+        for event in events[j]:
+            total += 1
+            if event.call_id in visible:
+                hits += 1
+                continue
+            r = plan.index.result_call.index(event.call_id) if plan is not None else -1
+            if plan is None:
+                kind = "no render yet"
+            elif result.mode == "append":
+                kind = "append: " + at_rerender.get(r, "shown by the re-render, not whole at the append")
+            else:
+                kind = classify(plan, r)
+            recent = "used by the step before" if last_reuse.get(event.call_id, -2) >= last_turn else "not used by the step before"
+            classes[(kind, recent)] += 1
+        for event in events[j]:
+            last_reuse[event.call_id] = j
+        last_turn = j
+    return total, hits
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("traces")
@@ -138,40 +184,11 @@ def main(argv: list[str] | None = None) -> None:
     classes: collections.Counter = collections.Counter()
     total = hits = 0
     for trace in load_traces([args.traces], args.limit, args.part):
-        messages = trace["messages"]
-        engine = Engine(tempfile.mkdtemp(prefix="miss-classes-"))
-        session = trace["id"]
-        events = collections.defaultdict(list)
-        for event in reuse_events(messages):
-            events[event.turn].append(event)
-        originals = {m["tool_call_id"]: m.get("content") for m in messages if m["role"] == "tool"}
-        # Each result's class at the latest re-render, and each result's latest reuse (turn).
-        at_rerender: dict[int, str] = {}
-        last_reuse: dict[str, int] = {}
-        last_turn = -1
-        for j, _ in assistant_turns(engine, session, messages):
-            result = engine.render_variants(session, [request])[0]
-            plan = last_plan(session) if result.selected else None
-            if plan is not None and result.mode == "re-render":
-                at_rerender = {r: classify(plan, r) for r in plan.results if r not in plan.shown_whole()}
-            visible = visible_results(result.messages, originals)
-            for event in events[j]:
-                total += 1
-                if event.call_id in visible:
-                    hits += 1
-                    continue
-                r = plan.index.result_call.index(event.call_id) if plan is not None else -1
-                if plan is None:
-                    kind = "no render yet"
-                elif result.mode == "append":
-                    kind = "append: " + at_rerender.get(r, "shown by the re-render, not whole at the append")
-                else:
-                    kind = classify(plan, r)
-                recent = "used by the step before" if last_reuse.get(event.call_id, -2) >= last_turn else "not used by the step before"
-                classes[(kind, recent)] += 1
-            for event in events[j]:
-                last_reuse[event.call_id] = j
-            last_turn = j
+        # A store of its own per trace, removed after it.
+        with tempfile.TemporaryDirectory(prefix="miss-classes-") as store:
+            (events, in_view) = replay_trace(trace, request, store, classes)
+        total += events
+        hits += in_view
     missed = total - hits
     if args.json:
         print(json.dumps({"events": total, "in_view": hits, "classes": [[k[0], k[1], c] for k, c in classes.most_common()]}))
