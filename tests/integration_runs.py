@@ -1,11 +1,14 @@
-"""What the framework integrations' tests share (tests/test_integrations_*.py): the budget a run
-is rendered to, the files its agent reads and the fake model's scripted reads of them, and how a
-request's history and the handles its stubs name are read."""
+"""What the framework integrations' tests share (tests/test_integrations_*.py, tests/test_tools.py):
+the budget a run is rendered to, the files its agent reads and the fake model's scripted reads of
+them, how a request's history is read, and which results it leaves out without naming their
+handle (in a stub, or in the fold index the render folds them behind: `named_handles`)."""
 
 from __future__ import annotations
 
 import re
+from typing import Any
 
+from contextrender.testing.fake_upstream import named_handles
 from engine.measure import get_tokenizer
 from tests.conftest import call
 
@@ -16,11 +19,26 @@ READS = 8
 HANDLE = re.compile(r'call contextrender_restore with handle \\?"([rp][0-9]+)\\?"')
 
 
-def named_handles(text: str) -> list[str]:
-    """The handles a request names: its stubs' first, then its fold index's entries (a tool's line,
-    "read_file results: r1 (src/f0.py) r2 (src/f1.py)"), in `text` or in its JSON."""
-    lines = re.findall(r"results: ([^\n\"\\]*)", text)
-    return HANDLE.findall(text) + [h for line in lines for h in re.findall(r"(?<!\w)([rp][0-9]+)(?!\w)", line)]
+def strings(value: Any) -> list[str]:
+    """Every string in a request's JSON (texts, a tool result's content or output)."""
+    if isinstance(value, dict):
+        return [t for v in value.values() for t in strings(v)]
+    if isinstance(value, list):
+        return [t for v in value for t in strings(v)]
+    return [value] if isinstance(value, str) else []
+
+
+def handles_of(engine: Any, session: str) -> dict[str, str]:
+    """Call id -> the handle of each result a session stores (an Engine's or a Client's `explain`)."""
+    return {d.call_id: d.handle for d in engine.explain(session).decisions}
+
+
+def unnamed(payload: dict, originals: dict[str, str], handles: dict[str, str]) -> list[str]:
+    """The handles of results (`originals`: call id -> text) that a request neither shows whole nor
+    names for the restore tool, by a stub or in the fold index (`named_handles`): [] when every
+    result it leaves out is one restore away."""
+    shown, named = set(strings(payload)), set(named_handles(payload))
+    return [h for (c, h) in handles.items() if c in originals and originals[c] not in shown and h not in named]
 
 
 def body(path: str) -> str:

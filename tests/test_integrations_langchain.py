@@ -17,11 +17,11 @@ from langgraph.checkpoint.memory import InMemorySaver
 
 from contextrender.testing.checks import pairing_problems
 from contextrender.client import Client
-from contextrender.testing.fake_upstream import free_port
+from contextrender.testing.fake_upstream import free_port, named_handles
 from contextrender.tools import RESTORE_TOOL, restored_text
 from contextrender_integrations.langchain import ContextRenderMiddleware
 from tests.conftest import call
-from tests.integration_runs import BUDGET, READS, TOK, body, history_of, named_handles, script_reads
+from tests.integration_runs import BUDGET, READS, TOK, body, handles_of, history_of, script_reads, unnamed
 
 
 @lc_tool
@@ -52,18 +52,21 @@ def test_every_model_call_sees_at_most_b_with_valid_pairing_and_a_restore_return
         assert TOK.history_tokens(history_of(sent)) <= BUDGET
         assert pairing_problems(sent["messages"]) == []
         assert RESTORE_TOOL in [t["function"]["name"] for t in sent["tools"]]  # the middleware's tool
-    last = upstream.requests[-1].json["messages"]
-    handles = named_handles(" ".join(str(m.get("content")) for m in last))
-    assert handles, "the last call should name handles (in stubs or in the fold index)"
     # The agent's own state keeps every result whole: the render changes only what is sent.
     results = [m for m in state["messages"] if isinstance(m, ToolMessage)]
     assert [m.content for m in results] == [body(f"src/f{i}.py") for i in range(READS)]
+    # The last call names each result it leaves out (a stub, or the fold index's entry).
+    last, owners = upstream.requests[-1].json, handles_of(engine, "langchain-t-1")
+    handles = named_handles(last)
+    originals = {m.tool_call_id: m.content for m in results}
+    assert handles and unnamed(last, originals, owners) == [], "the last call should name every result it leaves out"
     # The session is named by LangGraph's thread id.
     assert engine.get_session("langchain-t-1")["events"] >= 2 * READS
 
-    # Next turn on the same thread: the model restores one of the handles a stub named.
+    # Next turn on the same thread: the model restores the first handle the last call named.
     handle = handles[0]
     original = restored_text(engine.restore("langchain-t-1", handle))
+    assert original == originals[next(c for (c, h) in owners.items() if h == handle)]
     upstream.enqueue(content=None, tool_calls=[call("call_restore", RESTORE_TOOL, {"handle": handle})])
     upstream.enqueue(content="Found it.")
     state = agent.invoke({"messages": [HumanMessage("What was in the first file?")]}, config)

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 
 import openai
@@ -12,12 +11,12 @@ import pytest
 from agents import Agent, OpenAIResponsesModel, RunConfig, Runner, SQLiteSession, function_tool
 
 from contextrender.client import Client
-from contextrender.testing.fake_upstream import free_port
+from contextrender.testing.fake_upstream import free_port, named_handles
 from contextrender.proxy.responses.wire import to_normal
 from contextrender.tools import RESTORE_TOOL, restored_text
 from contextrender_integrations.openai_agents import ContextRender
 from tests.conftest import call
-from tests.integration_runs import BUDGET, READS, TOK, body, named_handles, script_reads
+from tests.integration_runs import BUDGET, READS, TOK, body, handles_of, script_reads, unnamed
 from tests.test_responses import pairing
 
 
@@ -65,13 +64,16 @@ def test_every_model_call_sees_at_most_b_with_valid_pairing_and_a_restore_return
     outputs = [i["output"] for i in stored if i.get("type") == "function_call_output"]
     assert outputs == [body(f"src/f{i}.py") for i in range(READS)]  # the SDK's session keeps them whole
     assert history_tokens({"instructions": None, "input": stored}) > 2 * BUDGET  # the budget forced omissions
-    handles = named_handles(json.dumps(requests[-1]["input"]))
-    assert handles, "the last call should name handles (in stubs or in the fold index)"
+    # The last call names each result it leaves out (a stub, or the fold index's entry).
+    owners = handles_of(engine, "openai-agents-chat-1")
+    originals = {i["call_id"]: i["output"] for i in stored if i.get("type") == "function_call_output"}
+    handles = named_handles(requests[-1])
+    assert handles and unnamed(requests[-1], originals, owners) == [], "the last call should name every result it leaves out"
     assert engine.get_session("openai-agents-chat-1")["events"] >= 2 * READS  # named by the SDK session's id
 
     handle = handles[0]
     original = restored_text(engine.restore("openai-agents-chat-1", handle))
-    assert original in outputs
+    assert original == originals[next(c for (c, h) in owners.items() if h == handle)]
     upstream.enqueue(content=None, tool_calls=[call("call_restore", RESTORE_TOOL, {"handle": handle})])
     upstream.enqueue(content="Found it.")
     agent = agent_for(upstream, context)  # a new AsyncOpenAI client: run_sync runs each run in a new event loop

@@ -20,16 +20,16 @@ import pytest
 
 from contextrender.testing.checks import pairing_problems
 from contextrender.client import Client
-from contextrender.testing.fake_upstream import free_port
+from contextrender.testing.fake_upstream import free_port, named_handles
 from engine.measure import get_tokenizer
 from engine.notices import restore_tool
+from tests.integration_runs import handles_of, unnamed
 from tests.npm_package import installed, run_module
 from tests.test_proxy import BUDGET, history
 
 ROOT = Path(__file__).resolve().parent.parent
 PLUGIN = ROOT / "integrations" / "opencode" / "contextrender.js"
 TOK = get_tokenizer()
-HANDLE = re.compile(r'call contextrender_restore with handle "([rp][0-9]+)"')
 # The lines of a search answer start with the handle (engine/notices.jac search_line).
 HANDLE_LINE = re.compile(r"^([rp][0-9]+) ", re.M)
 
@@ -187,20 +187,22 @@ def test_every_model_call_of_a_run_is_within_b_and_the_restore_tool_returns_the_
             assert TOK.history_tokens(history(out["chat"])) <= budget
             assert pairing_problems(out["chat"]) == []
         assert TOK.history_tokens(history(out["sent"])) > 2 * budget
-        handles = HANDLE.findall(" ".join(str(m.get("content")) for m in out["chat"]))
-        assert handles, "the last call should show stubs that name their handles"
+        # The last call names each result it leaves out (a stub, or the fold index's entry).
         outputs = {p["callID"]: p["state"]["output"] for m in messages for p in m["parts"] if p["type"] == "tool"}
-        stub = next(m for m in out["chat"] if m["role"] == "tool" and handles[0] in m["content"])
+        owners = handles_of(client, "opencode-ses_run")
+        handles = named_handles({"messages": out["chat"]})
+        assert handles and unnamed({"messages": out["chat"]}, outputs, owners) == [], "the last call should name every result it leaves out"
+        call_id = next(c for (c, h) in owners.items() if h == handles[0])
 
         restored = run_restore(jac_server.url, client.token, handles[0], session="ses_run")
-        assert restored["output"] == outputs[stub["tool_call_id"]]
+        assert restored["output"] == outputs[call_id]
         # opencode builds the tool's parameters from its zod `args`: a handle, or a query instead.
         assert {k: v["type"] for (k, v) in restored["schema"]["properties"].items()} == {"handle": "string", "query": "string"}
         assert "required" not in restored["schema"] or restored["schema"]["required"] == []
         assert restored["description"] == restore_tool()["function"]["description"]  # the engine's text
 
         # A query naming what the result held answers its handle first.
-        found = run_restore(jac_server.url, client.token, None, session="ses_run", query=query_of(outputs[stub["tool_call_id"]]))
+        found = run_restore(jac_server.url, client.token, None, session="ses_run", query=query_of(outputs[call_id]))
         assert found["output"].startswith("[ContextRender: stored results that match"), found
         assert HANDLE_LINE.findall(found["output"])[0] == handles[0], found["output"]
 

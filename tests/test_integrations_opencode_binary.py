@@ -3,7 +3,8 @@ tests/opencode_binary.py): integrations/opencode/contextrender.js copied into `.
 of a fresh project as docs/integrations.md tells users, a provider of opencode.json pointing at the
 fake model on loopback, and a real ContextRender server. Three `opencode run` turns of one session
 (two read a file with opencode's own `read` tool): the last model call must show at most B tokens
-of history with valid pairing and stubs that name their handles, and offer `contextrender_restore`;
+of history with valid pairing, name each result it leaves out by its handle (a stub, or the fold
+index's entry), and offer `contextrender_restore`;
 the server holds the session under opencode's session id. A fourth turn's model calls the restore
 tool, which must answer with the file as opencode's `read` gave it. With the server down, a run
 completes with opencode's own history and says so on stderr, and so does one with a server that
@@ -25,7 +26,7 @@ from contextrender.testing.fake_upstream import FakeUpstream, free_port, named_h
 from contextrender.testing.checks import pairing_problems
 from contextrender.client import Client
 from engine.measure import get_tokenizer
-from tests.integration_runs import history_of
+from tests.integration_runs import handles_of, history_of, unnamed
 from tests.opencode_binary import ProxyTrap, binary, offline_env, plugin_dependencies
 from tests.test_integrations_opencode import silent_server
 
@@ -146,6 +147,17 @@ def opencode(jac_server, tmp_path_factory):
     trap.close()
 
 
+@pytest.fixture(autouse=True)
+def answers_all_asked_for(opencode):
+    """Each test's run asks the fake model for every answer it enqueued: one left over (a run that
+    ended early, as when the fake model found no handle to restore) would answer the next test's
+    run in place of its own, and that test would fail too; this one fails instead, and the next
+    starts with none."""
+    yield
+    left = opencode.upstream.discard_enqueued()
+    assert left == 0, f"{left} scripted answer(s) of the fake model were never asked for"
+
+
 def test_the_real_opencode_renders_through_the_plugin_within_b(opencode):
     assert "contextrender: history sent unchanged" not in "".join(opencode.logs), opencode.logs[-1][-3000:]
     # opencode's own read tool read each file whole; one fits in B, the two do not.
@@ -160,13 +172,14 @@ def test_the_real_opencode_renders_through_the_plugin_within_b(opencode):
     assert TOK.history_tokens(past) <= BUDGET, json.dumps(past)[:3000]
     assert pairing_problems(last) == []
     # The task (the first prompt) stays in view first: above ContextRender's marker when the oldest
-    # turn is folded, else above its own turn; a result left out is a stub that names its handle,
-    # its call kept.
+    # turn is folded, else above its own turn; a result left out is named by its handle, in a stub
+    # under its call or in the fold index.
     assert PROMPTS[0] in text(past[0])
     assert f"left out to fit the {BUDGET}-token history budget" in text(past[1]) or past[1]["tool_calls"][0]["id"] == "call_read_1"
-    stubs = stubbed(past)
-    assert stubs, f"no result of the history is a stub that names its handle: {json.dumps(past)[:3000]}"
-    for handle, call_id in stubs.items():
+    owners = handles_of(opencode.client, f"opencode-{opencode.session}")
+    assert named_handles({"messages": past}), f"the history names no handle: {json.dumps(past)[:3000]}"
+    assert unnamed({"messages": past}, opencode.outputs, owners) == [], json.dumps(past)[:3000]
+    for handle, call_id in stubbed(past).items():
         assert TOK.count(opencode.outputs[call_id]) > TOK.count(text(next(m for m in past if m.get("tool_call_id") == call_id)))
     assert "contextrender_restore" in [t["function"]["name"] for t in opencode.upstream.requests[-1].json["tools"]]
     # The server holds the conversation under opencode's own session id.
@@ -180,8 +193,8 @@ def test_a_restore_through_the_real_opencode_returns_the_file(opencode):
     done = opencode.run("--session", opencode.session, PROMPTS[3])
     asked = opencode.upstream.requests[-2].json
     assert "contextrender_restore" in [t["function"]["name"] for t in asked["tools"]]
-    handle = named_handles(asked)[0]  # what the fake model restores
-    call_id = stubbed(asked["messages"])[handle]
+    handle = named_handles(asked)[0]  # what the fake model restores: a stub's, else the fold index's first
+    call_id = next(c for (c, h) in handles_of(opencode.client, f"opencode-{opencode.session}").items() if h == handle)
     last = chats(opencode.upstream)[-1]
     assert over_b(chats(opencode.upstream)) == []
     assert pairing_problems(last) == []

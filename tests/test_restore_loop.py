@@ -13,7 +13,9 @@ import pytest
 from contextrender.testing.fake_upstream import LoopbackServer
 from contextrender.proxy import RESTORE_ROUNDS_HEADER, RESTORE_USAGE_HEADER, SESSION_HEADER, create_app
 from contextrender.proxy.chat.restore import RESTORE_TOOL, StreamRound
-from engine.notices import FOLD_INDEX_HEADING, restore_tool
+from engine.notices import (
+    FOLD_INDEX_HEADING, fold_marker, handles_line, index_entry, marker_messages, restore_tool, stub_text, without_restore_tool
+)
 from tests.conftest import assistant, call, tool, user
 from tests.test_proxy import TOOLS, conversation, proxy, wait_for_events  # noqa: F401 (fixture)
 
@@ -176,6 +178,23 @@ def test_every_protocol_reads_a_handle_or_a_query_from_a_restore_call():
     for (rounds, given) in shapes({"query": ""}):
         with pytest.raises(ValueError, match='a string "handle".*or a "query"'):
             rounds.ask(given)
+
+
+def test_the_fake_model_restores_the_handle_a_stub_names_else_the_fold_indexs_first():
+    """The scripted model (contextrender.testing.fake_upstream) reads a request as a model would:
+    the handles its stubs name, then those its fold index names (engine/notices.jac writes both),
+    and none where the request does not offer the tool."""
+    from contextrender.testing.fake_upstream import named_handles
+
+    entries = [index_entry("r2", json.dumps({"path": "src/r9.py"}), 16), index_entry("r5", json.dumps({"id": "r8"}), 16)]
+    marker = fold_marker(600, [handles_line("bash", ["r7"]), handles_line("read_file", entries)], 3)
+    (opening, index) = marker_messages(marker, True)
+    stub = tool("c9", stub_text("read_file", 400, "r9"))
+    assert named_handles({"messages": [user("Fix it."), opening, index, stub]}) == ["r9", "r7", "r2", "r5"]
+    assert named_handles({"messages": [opening, index]}) == ["r7", "r2", "r5"]
+    assert named_handles({"messages": [opening]}) == []
+    stored = {"role": "user", "content": without_restore_tool(index["content"])}
+    assert named_handles({"messages": [opening, stored]}) == []
 
 
 # ---------------------------------------------------------------- failures and limits

@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import re
 
 from contextrender.client import Client
-from contextrender.testing.fake_upstream import free_port
+from contextrender.testing.fake_upstream import free_port, named_handles
 from contextrender.tools import RESTORE_TOOL, restore_tool
 from tests.conftest import assistant, call, tool, user
-
-HANDLE = re.compile(r'handle "([rp][0-9]+)"')
+from tests.integration_runs import handles_of, unnamed
 
 
 def long_run(results: int = 8) -> list[dict]:
@@ -22,14 +20,17 @@ def long_run(results: int = 8) -> list[dict]:
     return messages
 
 
-def test_the_tool_the_stubs_name_answers_with_the_stored_result(engine):
+def test_the_tool_answers_each_handle_a_render_names_with_the_stored_result(engine):
     messages = long_run()
     for end in range(3, len(messages) + 1, 2):  # rendered at every model call, as an agent does
         rendered = engine.render("run-t", messages[:end], budget=1500)
-    stubs = [m for m in rendered.messages if m["role"] == "tool" and HANDLE.search(m["content"])]
-    assert stubs and RESTORE_TOOL in stubs[0]["content"]
-    handle = HANDLE.search(stubs[0]["content"]).group(1)
-    original = next(m["content"] for m in messages if m.get("tool_call_id") == stubs[0]["tool_call_id"])
+    # Each result the render leaves out is named for the tool: a stub, or the fold index's entry.
+    request = {"messages": rendered.messages}
+    originals = {m["tool_call_id"]: m["content"] for m in messages if m["role"] == "tool"}
+    owners = handles_of(engine, "run-t")
+    assert named_handles(request) and unnamed(request, originals, owners) == []
+    handle = named_handles(request)[0]
+    original = originals[next(c for (c, h) in owners.items() if h == handle)]
 
     restore = restore_tool(engine, "run-t")
     assert restore.name == RESTORE_TOOL == restore.schema["function"]["name"]

@@ -17,9 +17,9 @@ outputs do not pair up (`fake_checks.py`). Usage is reported with input tokens =
 
 A scripted model can also restore what the proxy left out: `enqueue_restore()` answers, in the
 protocol asked, with a call of the restore tool for the handle a restore hint in the request names
-(the first, or the one given), as a model that reads its stubs would; when the request does not
-offer the tool, or names no handle, it answers with text that says so (a real model cannot call a
-tool it is not given).
+(the first a stub names, else the first of the fold index, or the one given), as a model that reads
+its stubs and the index would; when the request does not offer the tool, or names no handle, it
+answers with text that says so (a real model cannot call a tool it is not given).
 """
 
 from __future__ import annotations
@@ -71,6 +71,10 @@ class _Script:
 
 # A restore hint as ContextRender writes it (engine/notices.jac restore_hint).
 _HINT = re.compile(r'call contextrender_restore with handle "([^"]+)"')
+# The fold index's heading where the tool is offered (engine/notices.jac FOLD_INDEX_HEADING); a line
+# per tool follows it, "read_file results: r1 (src/a.py) r2", each handle a word of its own.
+_INDEX_HEADING = "call contextrender_restore with a handle, or a query to find one."
+_INDEX_ENTRY = re.compile(r"(?<!\S)([rp][0-9]+)(?!\S)")
 
 
 def _strings(value: Any) -> Any:
@@ -85,8 +89,13 @@ def _strings(value: Any) -> Any:
 
 
 def named_handles(payload: dict) -> list[str]:
-    """The handles the restore hints of a request name, in order (its tools' text aside)."""
-    return [h for text in _strings({k: v for (k, v) in payload.items() if k != "tools"}) for h in _HINT.findall(text)]
+    """The handles a request names for the restore tool, in order (its tools' text aside): those of
+    restore hints (stubs, notes of cut or compacted results) first, then the fold index's, each once."""
+    texts = list(_strings({k: v for (k, v) in payload.items() if k != "tools"}))
+    index = [line.partition(" results:")[2] for text in texts
+             for line in text.partition(_INDEX_HEADING)[2].splitlines() if " results:" in line]
+    hinted = [h for text in texts for h in _HINT.findall(text)]
+    return list(dict.fromkeys(hinted + [h for line in index for h in _INDEX_ENTRY.findall(line)]))
 
 
 def offered_tools(payload: dict) -> list[str]:
@@ -128,6 +137,14 @@ class FakeUpstream:
         """The next answer: a call of the restore tool for `handle`, or for the first handle a
         restore hint in the request names (with `content` before it and reasoning)."""
         self._scripts.append(_Script(content, [], 200, thinking, restore=handle))
+
+    def discard_enqueued(self) -> int:
+        """Drop the answers enqueued and not yet asked for (a run that ended early leaves them for
+        the next one); how many there were."""
+        with self._lock:
+            count = len(self._scripts)
+            self._scripts.clear()
+        return count
 
     @property
     def base_url(self) -> str:
