@@ -45,7 +45,7 @@ import httpx
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from proxy_bench import percentile, wait_up  # noqa: E402
+from proxy_bench import cpu_seconds, percentile, wait_up  # noqa: E402
 
 from contextrender.testing.fake_upstream import FakeUpstream, free_port  # noqa: E402
 
@@ -69,12 +69,6 @@ def conversations(count: int) -> list[tuple[str, list[dict]]]:
         rows = [json.loads(line) for line in f if line.strip()]
     rows.sort(key=lambda row: -sum(1 for m in row["messages"] if m["role"] == "assistant"))
     return [(row["id"], row["messages"]) for row in rows[:count]]
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU of a live process (and its reaped children), from /proc."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return sum(int(v) for v in fields[11:15]) / os.sysconf("SC_CLK_TCK")
 
 
 def start(name: str, upstream_url: str, port: int, budget: int, state: Path, checkout: Path | None = None) -> subprocess.Popen:
