@@ -9,7 +9,8 @@ in this process, answering each request with the recorded assistant message that
 the proxy under test (its own process), and this client, which replays the longest `--conversations` conversations of
 ../shared/traces/mini_swe_agent_deepseek.jsonl turn by turn: before each recorded assistant
 message, the history up to it is sent as a chat-completions request (each conversation a session
-of its own, named by the `X-ContextRender-Session` header). The proxies run one after the other,
+of its own, named by the `X-ContextRender-Session` header; `--unnamed`: no header, each session
+derived from the conversation's start). The proxies run one after the other,
 alternated, `--rounds` times, each on a fresh state folder.
 
 Per proxy and round it prints: the proxy process's CPU time (user + system, from /proc) per
@@ -85,7 +86,8 @@ def start(name: str, upstream_url: str, port: int, budget: int, state: Path, che
     return subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
 
 
-def replay(name: str, fake: FakeUpstream, budget: int, talks: list[tuple[str, list[dict]]], checkout: Path | None = None) -> dict:
+def replay(name: str, fake: FakeUpstream, budget: int, talks: list[tuple[str, list[dict]]], checkout: Path | None = None,
+           unnamed: bool = False) -> dict:
     upstream_url = fake.base_url.removesuffix("/v1")
     port = free_port()
     url = f"http://127.0.0.1:{port}"
@@ -95,7 +97,7 @@ def replay(name: str, fake: FakeUpstream, budget: int, talks: list[tuple[str, li
             wait_up(f"{url}/v1/models", proxy, timeout=180)
             with httpx.Client(timeout=300) as client:
                 # One unmeasured request: the proxy's models load on first use.
-                client.post(f"{url}/v1/chat/completions", headers={"X-ContextRender-Session": "warm-up"},
+                client.post(f"{url}/v1/chat/completions", headers={} if unnamed else {"X-ContextRender-Session": "warm-up"},
                             json={"model": "fake-model", "messages": [{"role": "user", "content": "hello"}]})
                 in_proxy: list[float] = []
                 cpu_before = cpu_seconds(proxy.pid)
@@ -109,7 +111,7 @@ def replay(name: str, fake: FakeUpstream, budget: int, talks: list[tuple[str, li
                         fake.enqueue(message.get("content"), message.get("tool_calls"))
                         began = time.perf_counter()
                         response = client.post(f"{url}/v1/chat/completions", json=body,
-                                               headers={"X-ContextRender-Session": f"peer-{tag}"[:200]})
+                                               headers={} if unnamed else {"X-ContextRender-Session": f"peer-{tag}"[:200]})
                         through = time.perf_counter() - began
                         assert response.status_code == 200, response.text[:300]
                         forwarded = client.get(f"{upstream_url}/_fake/last", params={"path": "/v1/chat/completions"}).content
@@ -163,6 +165,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--checkout", type=Path, help="also run ContextRender from this checkout (with its .venv), alternated")
     parser.add_argument("--engine-only", action="store_true", help="the proxy's Engine calls in this process, no HTTP")
+    parser.add_argument("--unnamed", action="store_true",
+                        help="send no X-ContextRender-Session header: each conversation's session derived from its start, as for an agent that names none")
     args = parser.parse_args()
     logging.getLogger("httpx").setLevel(logging.WARNING)
     talks = conversations(args.conversations)
@@ -191,7 +195,7 @@ def main() -> None:
             shift = (round_ - 1) % len(names)
             for name in names[shift:] + names[:shift]:
                 fake.requests.clear()
-                row = replay(name, fake, args.budget, talks, args.checkout)
+                row = replay(name, fake, args.budget, talks, args.checkout, args.unnamed)
                 figures[name].append(row)
                 load = os.getloadavg()[0]
                 print(f"round {round_}, {name:13}: {row['requests']} requests, CPU {row['cpu_ms']:6.1f} ms per request, "
