@@ -10,10 +10,11 @@ nesting the body's own text leaves json's parser in, so that every value and eve
 One body is kept per session and protocol (`X-ContextRender-Session`), or, for a request that names
 no session, per protocol and digest of the body's first UNNAMED_KEY_BYTES bytes (`unnamed_key`:
 an agent's requests start alike; the value is json.loads's whichever body was kept, so sharing a
-key costs reuse, never a value), within a bound in bytes (the bytes kept and the objects' sizes). A body that does not
-extend the last one is parsed by `json.loads` alone; where the last one ends is found (one scan of
-its history by json's scanner) only when the next body starts with its first half, and not again
-for that session when it then was not extended."""
+key costs reuse, never a value; docs/performance.md, thirteenth pass), within a bound in bytes
+(the bytes kept and the objects' sizes). A body that does not extend the last one is parsed by
+`json.loads` alone; where the last one ends is found (one scan of its history by json's scanner)
+only when the next body starts with its first half, and not again for that session when it then
+was not extended."""
 
 from __future__ import annotations
 
@@ -170,8 +171,8 @@ class Bodies:
         self._kept: OrderedDict[Any, _Kept] = OrderedDict()
 
     def parse(self, raw: bytes, key: Any, history: str) -> Any:
-        """`json.loads(raw)`: its value, or its error. `key`: the session and protocol of the request
-        (None: it names no session, and nothing is kept); `history`: the key of its history."""
+        """`json.loads(raw)`: its value, or its error. `key`: the session and protocol of the request,
+        or `unnamed_key`'s (None: nothing is kept); `history`: the key of its history."""
         if key is None:
             return json.loads(raw)
         kept = self._kept.pop(key, None)
