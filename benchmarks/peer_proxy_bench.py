@@ -9,7 +9,8 @@ in this process, answering each request with the recorded assistant message that
 the proxy under test (its own process), and this client, which replays the longest `--conversations` conversations of
 ../shared/traces/mini_swe_agent_deepseek.jsonl turn by turn: before each recorded assistant
 message, the history up to it is sent as a chat-completions request (each conversation a session
-of its own, named by the `X-ContextRender-Session` header). The proxies run one after the other,
+of its own, named by the `X-ContextRender-Session` header; `--unnamed`: no header, each session
+derived from the conversation's start). The proxies run one after the other,
 alternated, `--rounds` times, each on a fresh state folder.
 
 Per proxy and round it prints: the proxy process's CPU time (user + system, from /proc) per
@@ -45,7 +46,7 @@ import httpx
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from proxy_bench import percentile, wait_up  # noqa: E402
+from proxy_bench import cpu_seconds, percentile, wait_up  # noqa: E402
 
 from contextrender.testing.fake_upstream import FakeUpstream, free_port  # noqa: E402
 
@@ -71,12 +72,6 @@ def conversations(count: int) -> list[tuple[str, list[dict]]]:
     return [(row["id"], row["messages"]) for row in rows[:count]]
 
 
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU of a live process (and its reaped children), from /proc."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return sum(int(v) for v in fields[11:15]) / os.sysconf("SC_CLK_TCK")
-
-
 def start(name: str, upstream_url: str, port: int, budget: int, state: Path, checkout: Path | None = None) -> subprocess.Popen:
     if name != "ctxkeeper":
         python = str(checkout / ".venv" / "bin" / "python") if name == "checkout" and checkout else sys.executable
@@ -91,7 +86,8 @@ def start(name: str, upstream_url: str, port: int, budget: int, state: Path, che
     return subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
 
 
-def replay(name: str, fake: FakeUpstream, budget: int, talks: list[tuple[str, list[dict]]], checkout: Path | None = None) -> dict:
+def replay(name: str, fake: FakeUpstream, budget: int, talks: list[tuple[str, list[dict]]], checkout: Path | None = None,
+           unnamed: bool = False) -> dict:
     upstream_url = fake.base_url.removesuffix("/v1")
     port = free_port()
     url = f"http://127.0.0.1:{port}"
@@ -101,7 +97,7 @@ def replay(name: str, fake: FakeUpstream, budget: int, talks: list[tuple[str, li
             wait_up(f"{url}/v1/models", proxy, timeout=180)
             with httpx.Client(timeout=300) as client:
                 # One unmeasured request: the proxy's models load on first use.
-                client.post(f"{url}/v1/chat/completions", headers={"X-ContextRender-Session": "warm-up"},
+                client.post(f"{url}/v1/chat/completions", headers={} if unnamed else {"X-ContextRender-Session": "warm-up"},
                             json={"model": "fake-model", "messages": [{"role": "user", "content": "hello"}]})
                 in_proxy: list[float] = []
                 cpu_before = cpu_seconds(proxy.pid)
@@ -115,7 +111,7 @@ def replay(name: str, fake: FakeUpstream, budget: int, talks: list[tuple[str, li
                         fake.enqueue(message.get("content"), message.get("tool_calls"))
                         began = time.perf_counter()
                         response = client.post(f"{url}/v1/chat/completions", json=body,
-                                               headers={"X-ContextRender-Session": f"peer-{tag}"[:200]})
+                                               headers={} if unnamed else {"X-ContextRender-Session": f"peer-{tag}"[:200]})
                         through = time.perf_counter() - began
                         assert response.status_code == 200, response.text[:300]
                         forwarded = client.get(f"{upstream_url}/_fake/last", params={"path": "/v1/chat/completions"}).content
@@ -169,6 +165,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--checkout", type=Path, help="also run ContextRender from this checkout (with its .venv), alternated")
     parser.add_argument("--engine-only", action="store_true", help="the proxy's Engine calls in this process, no HTTP")
+    parser.add_argument("--unnamed", action="store_true",
+                        help="send no X-ContextRender-Session header: each conversation's session derived from its start, as for an agent that names none")
     args = parser.parse_args()
     logging.getLogger("httpx").setLevel(logging.WARNING)
     talks = conversations(args.conversations)
@@ -197,7 +195,7 @@ def main() -> None:
             shift = (round_ - 1) % len(names)
             for name in names[shift:] + names[:shift]:
                 fake.requests.clear()
-                row = replay(name, fake, args.budget, talks, args.checkout)
+                row = replay(name, fake, args.budget, talks, args.checkout, args.unnamed)
                 figures[name].append(row)
                 load = os.getloadavg()[0]
                 print(f"round {round_}, {name:13}: {row['requests']} requests, CPU {row['cpu_ms']:6.1f} ms per request, "

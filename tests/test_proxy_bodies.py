@@ -1,8 +1,9 @@
 """The request body parsed reusing the last body of its session (adapters/proxy/bodies.py): every
 value and error is json.loads's, on fresh bodies and on bodies that extend a kept one; and each of
 the five faults found in an earlier form (docs/performance.md, tenth pass) is tested: the bound in
-bytes, no session named no reuse, a fresh body parsed by json.loads alone, nesting at json's limit,
-and the kept objects unchanged by the request path in every protocol."""
+bytes, no session named no reuse (in `Bodies`: the proxy keys such a request by its first bytes,
+test 6), a fresh body parsed by json.loads alone, nesting at json's limit, and the kept objects
+unchanged by the request path in every protocol."""
 
 from __future__ import annotations
 
@@ -283,3 +284,38 @@ def test_5_the_request_path_changes_no_kept_object_in_any_protocol(proxy_app, up
             as_sent = json.loads(kept.prefix + b"]}")
             assert as_sent == kept.head | {history: kept.items}
     assert reused >= 2
+
+
+def test_6_a_request_without_a_session_name_reuses_the_last_body_that_starts_like_it(proxy_app, upstream):
+    # An agent that names no session: its bodies share their first bytes, so the kept body of the
+    # last request is found by them and extended (before: every such body parsed whole).
+    (app, server) = proxy_app
+    bodies = app.state.proxy.bodies
+    messages = conversation()  # about 36 kB a body: past the key's bytes
+    other = [messages[0], user("Another task, in module_beta.")] + messages[2:]
+    reused = 0
+    for n in (len(messages) - 7, len(messages) - 5, len(messages) - 3, len(messages) - 1, len(messages)):
+        for sent in (messages[:n], other[:n]):  # two agents, one after the other
+            upstream.enqueue(content="Looked.")
+            raw = json.dumps({"model": "m", "messages": sent, "tools": TOOLS}).encode()
+            response = httpx.post(f"{server.url}/v1/chat/completions", content=raw, timeout=60,
+                                  headers={"content-type": "application/json"})
+            assert response.status_code == 200, response.text[:300]
+            kept = bodies._kept.get(bodies_module.unnamed_key("/v1/chat/completions", raw))
+            if kept is not None and kept.prefix is not None:
+                reused += 1
+                assert raw.startswith(kept.prefix)
+                assert json.loads(kept.prefix + b"]}") == kept.head | {"messages": kept.items}
+    assert reused >= 6
+    assert len(bodies._kept) == 2  # one a beginning: the two agents' bodies differ in their first bytes
+
+
+def test_6_the_key_of_a_body_without_a_session_name_is_its_first_bytes():
+    head = body([user("x" * bodies_module.UNNAMED_KEY_BYTES)])
+    key = bodies_module.unnamed_key("/v1/chat/completions", head)
+    assert key == bodies_module.unnamed_key("/v1/chat/completions", head[:-2] + b', {"role": "user"}]}')
+    assert key != bodies_module.unnamed_key("/v1/messages", head)
+    assert key != bodies_module.unnamed_key("/v1/chat/completions", b" " + head)
+    # Keyed so, the parse is json's whichever body was kept (one agent's, then another's).
+    bodies = Bodies(16 * MB)
+    same_as_json(bodies, [body(BASE[:2]), body(BASE), body(BASE[:1] + [assistant("other")]), body(BASE)], key=key)

@@ -22,7 +22,7 @@ from contextrender.core import RESTORE_TOOL, InvalidRequest, cache_bytes_setting
 from contextrender.inspector import routes as inspector
 from contextrender.metrics import CountRequests, ProxyMetrics, metrics_response
 from contextrender.proxy.admission import Admission, allowed_origins_setting
-from contextrender.proxy.bodies import Bodies
+from contextrender.proxy.bodies import Bodies, unnamed_key
 from contextrender.proxy.defaults import DEFAULT_ANSWER_DELAY, DEFAULT_RESTORE_ROUNDS, DEFAULT_SELECTOR, DEFAULT_UPSTREAM_TIMEOUT
 from contextrender.proxy.interfaces import Backend, Format, field
 from contextrender.proxy.protocols import PROTOCOLS, Protocol, format_of_path, format_of_request
@@ -121,7 +121,7 @@ class _Proxy:
         self.selector = selector or DEFAULT_SELECTOR
         self.fail_closed = fail_closed
         self.sessions = Sessions(backend, answer_delay)
-        # The last body of each named session, parsed again only where it changed (bodies.py).
+        # The last body of each session, parsed again only where it changed (bodies.py).
         self.bodies = Bodies(cache_bytes_setting() // BODY_SHARE)
         self.restores = Restores(self.upstream, self.sessions, backend, restore_rounds)
         self.metrics = ProxyMetrics({p.path: p.name for p in PROTOCOLS})
@@ -159,7 +159,8 @@ class _Proxy:
         raw = await request.body()
         named = request.headers.get(SESSION_HEADER)
         try:
-            body = self.bodies.parse(raw, (protocol.path, named) if named else None, protocol.history)
+            key = (protocol.path, named) if named else unnamed_key(protocol.path, raw)
+            body = self.bodies.parse(raw, key, protocol.history)
         except RecursionError:
             return error(fmt, 400, _TOO_DEEP, "invalid_request_error")
         except ValueError as exc:

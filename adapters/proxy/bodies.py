@@ -7,21 +7,25 @@ added, the keys after the history) is parsed by `json.loads` itself, in the stat
 nesting the body's own text leaves json's parser in, so that every value and every error is json's
 (docs/performance.md, "The proxy's CPU per request, eleventh pass").
 
-Only requests that name their session (`X-ContextRender-Session`) are kept, one body per session
-and protocol, within a bound in bytes (the bytes kept and the objects' sizes). A body that does not
-extend the last one is parsed by `json.loads` alone; where the last one ends is found (one scan of
-its history by json's scanner) only when the next body starts with its first half, and not again
-for that session when it then was not extended."""
+One body is kept per session and protocol (`X-ContextRender-Session`), or, for a request that names
+no session, per protocol and digest of the body's first UNNAMED_KEY_BYTES bytes (`unnamed_key`:
+an agent's requests start alike; the value is json.loads's whichever body was kept, so sharing a
+key costs reuse, never a value; docs/performance.md, thirteenth pass), within a bound in bytes
+(the bytes kept and the objects' sizes). A body that does not extend the last one is parsed by
+`json.loads` alone; where the last one ends is found (one scan of its history by json's scanner)
+only when the next body starts with its first half, and not again for that session when it then
+was not extended."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import sys
 from collections import OrderedDict
 from json.decoder import WHITESPACE, scanstring
 from typing import Any
 
-__all__ = ["Bodies"]
+__all__ = ["Bodies", "unnamed_key"]
 
 # json.loads's own scanner (the decoder's default settings) and whitespace.
 _SCAN = json.JSONDecoder().scan_once
@@ -40,6 +44,17 @@ _ENTRY_BYTES = 300
 # coding conversations' bodies): a body whose bytes times this are over a quarter of the bound
 # is not kept, nor its history searched for (a search parses it again, to be thrown away).
 _OBJECTS_PER_BYTE = 1.5
+# The leading bytes that name the kept body of a request without a session name: past the model
+# and the start of the history (a system prompt, the task), so that one agent's requests share a
+# key once their bodies are longer than this (shorter ones are parsed whole: 0.1 ms at most).
+UNNAMED_KEY_BYTES = 16384
+
+
+def unnamed_key(path: str, raw: bytes) -> tuple[str, None, bytes]:
+    """The key of the kept body for a request to `path` that names no session: the protocol's
+    path and a digest of the body's first UNNAMED_KEY_BYTES bytes (a body is reused only by a body
+    that starts with all of its bytes up to its history's last item, whatever the key)."""
+    return (path, None, hashlib.blake2b(raw[:UNNAMED_KEY_BYTES], digest_size=16).digest())
 
 
 def _footprint(value: Any) -> int:
@@ -156,8 +171,8 @@ class Bodies:
         self._kept: OrderedDict[Any, _Kept] = OrderedDict()
 
     def parse(self, raw: bytes, key: Any, history: str) -> Any:
-        """`json.loads(raw)`: its value, or its error. `key`: the session and protocol of the request
-        (None: it names no session, and nothing is kept); `history`: the key of its history."""
+        """`json.loads(raw)`: its value, or its error. `key`: the session and protocol of the request,
+        or `unnamed_key`'s (None: nothing is kept); `history`: the key of its history."""
         if key is None:
             return json.loads(raw)
         kept = self._kept.pop(key, None)
