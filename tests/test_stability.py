@@ -197,7 +197,9 @@ def test_hysteresis_keeps_what_the_previous_render_showed(tmp_path):
     the newest step's) forces a re-render. Without hysteresis the re-render swaps b for a (the paper's per-call choice);
     with stickiness it keeps its earlier choice."""
     budget = 740
-    settings = dict(w_relevance=0.0, similarity_penalty=0.0, headroom=0.0, cache_value=0.0, prose_share=1.0)
+    # (Without `reuse_rerender`: the used result `a` would itself ask for the re-render.)
+    settings = dict(w_relevance=0.0, similarity_penalty=0.0, headroom=0.0, cache_value=0.0, prose_share=1.0,
+                    reuse_rerender=False)
 
     def run(store: str, stickiness: float, **extra) -> list:
         engine = Engine(tmp_path / store)
@@ -381,9 +383,9 @@ def test_appends_send_verbatim_calls_as_the_re_render_cut_them(tmp_path):
 
 def test_a_result_left_out_that_the_model_uses_again_brings_a_re_render_and_room(tmp_path):
     """`reuse_rerender` and `reuse_room` (docs/restores.md, "the next round"): the first render
-    leaves out the oldest result (a); the model's next message uses a value only `a` holds. By
-    default that is appended (a stays out); with `reuse_rerender` the next render re-renders
-    instead, saying why; `reuse_room` then gives it room beyond the cap: "gain" and "fit" its own
+    leaves out the oldest result (a); the model's next message uses a value only `a` holds. Without
+    `reuse_rerender` that is appended (a stays out); with it (the default since the end of
+    2026-12-06) the next render re-renders instead, saying why; `reuse_room` then gives it room beyond the cap: "gain" and "fit" its own
     tokens (too few for a larger, newer result, so the paper's selection takes it); "all" all of B
     (where here newer results come first)."""
     budget = 900
@@ -403,20 +405,24 @@ def test_a_result_left_out_that_the_model_uses_again_brings_a_re_render_and_room
         assert_sound(later, budget)
         return later.mode, later.mode_reason, {d.call_id: d.status for d in later.decisions}
 
-    (mode, _, status) = run("off", reuse_room="none")
+    (mode, _, status) = run("off", reuse_rerender=False, reuse_room="none")
     assert mode == "append" and status["a"] == "omitted"
     (mode, reason, status) = run("rerender", reuse_rerender=True, reuse_room="none")
     assert mode == "re-render" and reason == "result r1, left out, was used since the previous request"
     assert status["a"] == "omitted", "the re-render's cap leaves it out as before"
-    # The default ("gain", no re-render for it): the room comes at the next re-render.
-    (mode, _, status) = run("default")
+    # "gain" without a re-render for it: the room comes at the next re-render.
+    (mode, _, status) = run("gain-alone", reuse_rerender=False)
     assert mode == "append" and status["a"] == "omitted"
+    # The default since the end of 2026-12-06: both, so the next render re-renders and shows it.
+    (mode, default_reason, status) = run("default")
+    assert mode == "re-render" and status["a"] == "kept"
     reasons = {}
     for room in ("gain", "fit"):
         (mode, reasons[room], status) = run(room, reuse_rerender=True, reuse_room=room)
         assert mode == "re-render" and status["a"] == "kept", room
     # "gain" says so: its room is taken only when the selection shows the result with it.
     assert reasons["gain"] == reason + "; result r1, left out and used since, given its room beyond the cap"
+    assert default_reason == reasons["gain"]
     assert reasons["fit"] == reason
     (mode, _, status) = run("all", reuse_rerender=True, reuse_room="all")
     assert mode == "re-render" and status["e"] == "kept"
