@@ -4,7 +4,8 @@ in-process Engine, adapters/local.py, both answer it with `SharedSqliteStore`):
 
 - **A busy timeout that fits the longest commit**: a writer waits up to
   CONTEXTRENDER_STORE_BUSY_TIMEOUT seconds (default 120) for another's commit, where jaclang's
-  5 s wait failed with `database is locked` (a 500 on the server); readers never wait (WAL).
+  5 s wait failed with `database is locked` (a 500 on the server); readers never wait (WAL). A
+  process's writers of one file take turns in the order asked, within that wait (transactions.py).
 - **Short commits**: the rows of the nodes and edges a call creates are serialised before the
   write transaction (jaclang serialised inside it: the lock held 13.7 s for a 40,000-message
   ingestion), giving way on the server (engine/courtesy.jac); inside it each is only inserted
@@ -56,6 +57,7 @@ from jaclang.runtimelib.changeset import ChangeSet, WriteIntent  # noqa: E402
 from contextrender.by_id import links_by_id, merge_by_id  # noqa: E402
 from contextrender.merges import merge_stored_text  # noqa: E402
 from contextrender.rows import INSERT_ROW as _INSERT, anchor_row, forget_id_texts, id_text, time_rows  # noqa: E402
+from contextrender.transactions import with_written, without_written, write_turn  # noqa: E402
 
 
 __all__ = ["LENDER", "SharedSqliteStore", "StorePlugin", "busy_timeout", "file_key", "in_blocks", "install", "release"]
@@ -235,9 +237,11 @@ class SharedSqliteStore(jac_memory.SqliteMemory):
         with self.__lock__:
             ahead = self._write_ahead(rows) if len(rows) > WRITE_AHEAD_BATCH else set()
             self._prepared = {key: row for (key, row) in rows.items() if key not in ahead} if ahead else rows
-            self._written_ahead = ahead
+            self._written_ahead, own = ahead, without_written(changeset, ahead)  # (adapters/transactions.py)
             try:
-                report = super().apply(changeset)
+                self._ensure_connection()
+                with write_turn(self.__conn__, self.path, busy_timeout()):
+                    report = with_written(super().apply(own), changeset, ahead, own)
             finally:
                 self._prepared, self._written_ahead = {}, set()
             if ahead - set(report.applied):
@@ -257,11 +261,12 @@ class SharedSqliteStore(jac_memory.SqliteMemory):
         for start in range(0, len(pending), WRITE_AHEAD_BATCH):
             try:
                 batch: list = []
-                conn.execute("BEGIN IMMEDIATE")
-                for (key, row) in pending[start:start + WRITE_AHEAD_BATCH]:
-                    if conn.execute(_INSERT_NEW, (id_text(key),) + row).rowcount == 1:
-                        batch.append(key)
-                conn.commit()
+                with write_turn(conn, self.path, busy_timeout()):
+                    conn.execute("BEGIN IMMEDIATE")
+                    for (key, row) in pending[start:start + WRITE_AHEAD_BATCH]:
+                        if conn.execute(_INSERT_NEW, (id_text(key),) + row).rowcount == 1:
+                            batch.append(key)
+                    conn.commit()
             except sqlite3.Error:
                 conn.rollback()  # the rest is written by the flush's own transaction
                 return written
@@ -272,7 +277,7 @@ class SharedSqliteStore(jac_memory.SqliteMemory):
     def _take_back(self, ids: set) -> None:
         """Delete rows written ahead that their flush did not apply (nothing stored reaches them)."""
         self.__conn__.commit()
-        with self.__conn__ as conn:
+        with write_turn(self.__conn__, self.path, busy_timeout()), self.__conn__ as conn:
             in_blocks(conn, "DELETE FROM anchors WHERE id IN (?ids)", [str(key) for key in ids])
 
     def edge_targets(self, node: UUID, edge_ids: list[UUID], via: type, cls: type, fields: tuple[str, ...],
