@@ -4,7 +4,8 @@ in-process Engine, adapters/local.py, both answer it with `SharedSqliteStore`):
 
 - **A busy timeout that fits the longest commit**: a writer waits up to
   CONTEXTRENDER_STORE_BUSY_TIMEOUT seconds (default 120) for another's commit, where jaclang's
-  5 s wait failed with `database is locked` (a 500 on the server); readers never wait (WAL).
+  5 s wait failed with `database is locked` (a 500 on the server); readers never wait (WAL). A
+  process's writers of one file take turns in the order asked, within that wait (transactions.py).
 - **Short commits**: the rows of the nodes and edges a call creates are serialised before the
   write transaction (jaclang serialised inside it: the lock held 13.7 s for a 40,000-message
   ingestion), giving way on the server (engine/courtesy.jac); inside it each is only inserted
@@ -14,10 +15,10 @@ in-process Engine, adapters/local.py, both answer it with `SharedSqliteStore`):
   between them; nothing stored reaches them until the flush's own transaction writes the changed
   stored nodes (their edge lists). Rows written ahead that the flush does not apply are deleted
   again; a process killed between leaves only rows nothing reaches.
-- **Rows made without jaclang's generic serialiser** (adapters/rows.py, adapters/merges.py): a created anchor's row,
-  and a stored row merged on its text for an edge-list change or a changed field (jaclang
-  deserialises the node, sets the change and serialises it whole: a result's text, a session's
-  render log), byte for byte jaclang's rows (tests/test_rows.py, tests/test_store.py).
+- **Rows made without jaclang's generic serialiser** (adapters/rows.py, adapters/merges.py): a created
+  anchor's row, and a stored row merged on its text for an edge-list change or a changed field (jaclang
+  deserialises the node, sets the change and serialises it whole: a result's text, a session's render
+  log), byte for byte jaclang's rows (tests/test_rows.py, tests/test_store.py).
 - **No full collection in a flush**: Python's cyclic collector makes none while a flush serialises
   and writes its rows (its full passes scan every object of the process to free almost nothing).
 - **Edges added to a stored node by its id**, the node never loaded (adapters/by_id.py).
@@ -56,7 +57,7 @@ from jaclang.runtimelib.changeset import ChangeSet, WriteIntent  # noqa: E402
 from contextrender.by_id import links_by_id, merge_by_id  # noqa: E402
 from contextrender.merges import merge_stored_text  # noqa: E402
 from contextrender.rows import INSERT_ROW as _INSERT, anchor_row, forget_id_texts, id_text, time_rows  # noqa: E402
-
+from contextrender.transactions import with_written, without_written, write_turn  # noqa: E402
 
 __all__ = ["LENDER", "SharedSqliteStore", "StorePlugin", "busy_timeout", "file_key", "in_blocks", "install", "release"]
 
@@ -222,8 +223,7 @@ class SharedSqliteStore(jac_memory.SqliteMemory):
         from contextrender import core
 
         give_way = core.give_way  # the serialisation of a long call's rows gives way (engine/courtesy.jac)
-        # The created rows as their insert's parameters, by their id's number (a UUID's `__hash__`
-        # is Python: rows.py `id_text`).
+        # The created rows as their insert's parameters, by id number (rows.py `id_text`: UUID hashes are slow).
         rows: dict[int, tuple] = {}
         for stage in changeset.staged():
             for intent in stage:
@@ -236,15 +236,17 @@ class SharedSqliteStore(jac_memory.SqliteMemory):
                         pass
         # The store's own (re-entrant) lock, which jaclang's apply takes too: the rows are this flush's.
         with self.__lock__:
+            self._ensure_connection()
             ahead = self._write_ahead(rows) if len(rows) > WRITE_AHEAD_BATCH else set()
             self._prepared = {key: row for (key, row) in rows.items() if key not in ahead} if ahead else rows
-            self._written_ahead = ahead
+            self._written_ahead, own = ahead, without_written(changeset, ahead)  # (adapters/transactions.py)
             try:
-                report = super().apply(changeset)
+                with write_turn(self.__conn__, self.path, busy_timeout()):
+                    report = with_written(super().apply(own), changeset, ahead, own)
             finally:
                 self._prepared, self._written_ahead = {}, set()
-            if ahead and ahead - {id.int for id in report.applied}:
-                self._take_back(ahead - {id.int for id in report.applied})
+            if ahead and (unapplied := ahead - {id.int for id in report.applied}):
+                self._take_back(unapplied)
             return report
 
     def _write_ahead(self, rows: dict[int, tuple]) -> set[int]:
@@ -252,19 +254,19 @@ class SharedSqliteStore(jac_memory.SqliteMemory):
         between transactions; the ids written, as numbers (a row already stored is left to the flush)."""
         from contextrender import core
 
-        self._ensure_connection()
-        conn = self.__conn__
+        conn = self.__conn__  # (opened by `apply`)
         conn.commit()
         pending = [(key, row) for (key, row) in rows.items() if row[2:4] != (Root.__module__, Root.__name__)]
         written: set = set()
         for start in range(0, len(pending), WRITE_AHEAD_BATCH):
+            batch: list = []
             try:
-                batch: list = []
-                conn.execute("BEGIN IMMEDIATE")
-                for (key, row) in pending[start:start + WRITE_AHEAD_BATCH]:
-                    if conn.execute(_INSERT_NEW, row).rowcount == 1:
-                        batch.append(key)
-                conn.commit()
+                with write_turn(conn, self.path, busy_timeout()):
+                    conn.execute("BEGIN IMMEDIATE")
+                    for (key, row) in pending[start:start + WRITE_AHEAD_BATCH]:
+                        if conn.execute(_INSERT_NEW, row).rowcount == 1:
+                            batch.append(key)
+                    conn.commit()
             except sqlite3.Error:
                 conn.rollback()  # the rest is written by the flush's own transaction
                 return written
@@ -275,16 +277,15 @@ class SharedSqliteStore(jac_memory.SqliteMemory):
     def _take_back(self, ids: set) -> None:
         """Delete rows written ahead that their flush did not apply (nothing stored reaches them)."""
         self.__conn__.commit()
-        with self.__conn__ as conn:
+        with write_turn(self.__conn__, self.path, busy_timeout()), self.__conn__ as conn:
             in_blocks(conn, "DELETE FROM anchors WHERE id IN (?ids)", [str(UUID(int=key)) for key in ids])
 
     def edge_targets(self, node: UUID, edge_ids: list[UUID], via: type, cls: type, fields: tuple[str, ...],
                      root: UUID) -> list[tuple[UUID, dict]] | None:
-        """Two steps down from `node`, read from the committed rows without loading a node: its
-        out-edges among `edge_ids` (its edge list) lead to nodes of archetype `via`, whose edges lead to nodes of archetype
-        `cls`; each of those owned by `root`, in the edges' order, as (node id, {field: stored
-        value, None when not stored}) (walkers/session.jac `session_rows`: directory -> shelves ->
-        sessions). None when this SQLite cannot read JSON that way (the caller loads the nodes)."""
+        """Two steps down from `node`, read from the committed rows without loading a node: its out-edges among
+        `edge_ids` (its edge list) lead to nodes of archetype `via`, whose edges lead to nodes of archetype `cls`;
+        each of those owned by `root`, in the edges' order, as (node id, {field: stored value, None when not
+        stored}) (walkers/session.jac `session_rows`). None when this SQLite cannot read JSON that way."""
         if not all(name.isidentifier() for name in fields):
             raise ValueError(f"field names only: {fields!r}")
         picks = ", ".join(f"n.data -> '$.archetype.{name}'" for name in fields)

@@ -12,6 +12,9 @@ model: without it 30 users saturate the two cores on their own.
 `--checkout` serves another checkout's Jac modules with its venv's `jac` (a before/after run);
 `--switch-intervals default,1,0.5 --rounds 2` serves each GIL switch interval in turn (`default`: the server's
 default), twice, and ends with a table of the runs.
+`--scale-out` serves from jac-scale's MongoDB and Redis instead of the embedded SQLite store: each
+run gets a new Redis and a new MongoDB stand-in (`scripts/scale_out.sh start --servers 0`, this
+checkout's; docs/scale-out.md), stopped after it.
 `--gc-probe` times every collection of Python's cyclic collector in the server (a `sitecustomize` on
 its PYTHONPATH, `gc.callbacks`) and prints the full ones during the big call and after it. "Around
 its end" is the others' calls in progress from 1 s before the big call's answer to `--after` seconds
@@ -27,6 +30,7 @@ import math
 import os
 import secrets
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
@@ -188,6 +192,15 @@ def collections(gc_log: Path, began: float, ended: float, after: float) -> str:
                                                                       for r in longest) + ")" if longest else ""))
 
 
+def scale_out_stores(folder: Path) -> dict[str, str]:
+    """A new Redis and MongoDB stand-in under `folder` (scripts/scale_out.sh, no server): the
+    server's MONGODB_URI and REDIS_URL."""
+    subprocess.run(["bash", str(REPO / "scripts" / "scale_out.sh"), "start", "--servers", "0", "--dir", str(folder)],
+                   check=True, capture_output=True, timeout=900)
+    found = dict(line.split("=", 1) for line in (folder / "cluster.env").read_text().splitlines() if "=" in line)
+    return {"MONGODB_URI": found["MONGODB_URI"].strip('"'), "REDIS_URL": found["REDIS_URL"]}
+
+
 def one_run(args: argparse.Namespace, body: str, label: str, env: dict[str, str]) -> dict:
     """One server, the others' calls before, during and after one big call; printed, and the figures returned."""
     from jacserver import JacServer
@@ -200,9 +213,12 @@ def one_run(args: argparse.Namespace, body: str, label: str, env: dict[str, str]
             (Path(folder) / "probe").mkdir()
             (Path(folder) / "probe" / "sitecustomize.py").write_text(GC_PROBE)
             env = {**env, "PYTHONPATH": str(Path(folder) / "probe"), "SHARED_SERVER_BENCH_GC_LOG": str(gc_log)}
+        if args.scale_out:
+            env = {**env, **scale_out_stores(Path(folder) / "stores")}
         server = JacServer(Path(folder) / "server", checkout=args.checkout.resolve(),
-                           jac=args.checkout.resolve() / ".venv" / "bin" / "jac", **env).start()
+                           jac=args.checkout.resolve() / ".venv" / "bin" / "jac", **env)
         try:
+            server.start()
             calls, stop = Calls(args.pause), threading.Event()
             with httpx.Client(base_url=server.url, timeout=1800) as http:
                 token = register(http, f"big-{secrets.token_hex(3)}")
@@ -262,6 +278,9 @@ def one_run(args: argparse.Namespace, body: str, label: str, env: dict[str, str]
             print(f"'database is locked' in the server log: {log.count('database is locked')} times", flush=True)
         finally:
             server.stop()
+            if args.scale_out:
+                subprocess.run(["bash", str(REPO / "scripts" / "scale_out.sh"), "stop", "--dir", str(Path(folder) / "stores")],
+                               check=False, capture_output=True)
             if args.keep_log:
                 args.keep_log.write_text(server.log.read_text(errors="replace"))
     return {"label": label, "big": ended - began, "status": response.status_code,
@@ -287,6 +306,8 @@ def main() -> None:
     parser.add_argument("--calls-log", type=Path,
                         help="write every ordinary call here, one line each: wall-clock start, seconds, status, kind "
                              "(the last run's; to line up a stall with the server's log or a profile)")
+    parser.add_argument("--scale-out", action="store_true",
+                        help="serve from MongoDB (the stand-in) and Redis, new ones for each run, instead of SQLite")
     parser.add_argument("--gc-probe", action="store_true",
                         help="time the server's garbage collections (gc.callbacks in a sitecustomize) and print the full ones")
     args = parser.parse_args()

@@ -2,7 +2,7 @@
 # Several `jac start` processes on one MongoDB-protocol store and one Redis, on loopback
 # (docs/scale-out.md). For tests and trying it out: the store is mongoeco, a MongoDB stand-in.
 #
-#   bash scripts/scale_out.sh start [--servers N] [--dir DIR] [--sqlite]
+#   bash scripts/scale_out.sh start [--servers N] [--dir DIR] [--sqlite]   (N may be 0: the stores alone)
 #   bash scripts/scale_out.sh stop  [--dir DIR]
 #
 # start: installs what is missing (the project's .venv; redis-server with apt, as root; mongoeco
@@ -209,7 +209,7 @@ def wait(what, pid, ready):
     sys.exit(f"scale_out.sh: {what} not ready after 300 s")
 wait("redis-server", redis_pid, lambda: redis.Redis.from_url(redis_url, socket_timeout=2).ping())
 wait("the MongoDB stand-in", mongo_pid, lambda: pymongo.MongoClient(mongo_uri, serverSelectionTimeoutMS=1000).admin.command("ping"))
-for url, pid in zip(urls.split(","), pids.split(",")):
+for url, pid in zip(urls.split(","), pids.split(",")) if urls else ():  # --servers 0: the stores alone
     wait(f"jac start at {url}", pid, lambda: httpx.post(f"{url}/walker/health", json={}, timeout=5).status_code == 200)
 EOF
     then

@@ -1,0 +1,86 @@
+"""The store's write transactions (adapters/store.py): taken in turns per store file, each wait
+bounded by the busy timeout, and a big flush's own transaction without the rows it wrote ahead.
+
+- **Turns, per file, in the order asked** (`write_turn`): a write transaction of this process waits
+  for the file's turn (`locks.Turns`) before its `BEGIN IMMEDIATE`, so the writers of one process
+  are served in the order they asked, each as soon as the one before commits. SQLite's own wait
+  polls in sleeps that grow to 100 ms, and a long call writing its rows ahead in batches took the
+  lock again before a waiting commit's next poll (docs/performance.md, "Many users, a fourth
+  round"). The whole wait, the turn's and then SQLite's (for another process's writer), is bounded
+  by the busy timeout: SQLite waits only for what the turn left of it. A writer whose deadline
+  passes in the line goes on without the turn and meets SQLite's wait with nothing left: the
+  `database is locked` it met before, at the same time. Other files, and other processes on this
+  file, are not in this line.
+- **The flush's own transaction without the rows written ahead** (`without_written`,
+  `with_written`): a 40,000-message call's flush had 140,000 intents, all but a few already
+  written ahead, each still walked by jaclang's loop inside the write transaction (a no-op each:
+  0.24 s alone, 1.5-2 s beside 30 users, while every other writer waited and the executor's
+  threads filled with them). jaclang's transaction now walks only the others; the rows written
+  ahead are reported applied, in jaclang's order, when that transaction committed, and taken back
+  as before when it did not.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sqlite3
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from contextrender.locks import Turns
+
+__all__ = ["WRITE_TURNS", "with_written", "without_written", "write_turn"]
+
+WRITE_TURNS = Turns()
+# A forked child (multiprocessing's default on Linux) holds no turn: the threads that held them stay
+# in the parent, and their tickets would make each of the child's writes wait out its timeout.
+os.register_at_fork(after_in_child=WRITE_TURNS.forget)
+
+
+@contextlib.contextmanager
+def write_turn(conn: sqlite3.Connection, path: str, timeout: float) -> Iterator[bool]:
+    """The turn of the file `path` for one write transaction on `conn` (opened with the busy
+    timeout `timeout`): inside, SQLite's wait for the write lock is what the turn left of
+    `timeout`; after, `timeout` again. Yields whether the turn was had."""
+    deadline = time.monotonic() + timeout
+    with WRITE_TURNS.turn(path, timeout) as served:
+        conn.execute(f"PRAGMA busy_timeout = {max(int((deadline - time.monotonic()) * 1000), 0)}")
+        try:
+            yield served
+        finally:
+            conn.execute(f"PRAGMA busy_timeout = {int(timeout * 1000)}")
+
+
+class _Unwritten:
+    """A changeset less the intents whose rows were written ahead: what jaclang's `apply` reads
+    of a changeset (`is_empty`, `staged`)."""
+
+    def __init__(self, changeset: Any, ahead: set) -> None:
+        self._stages = [[intent for intent in stage if intent.anchor.id.int not in ahead] for stage in changeset.staged()]
+
+    def is_empty(self) -> bool:
+        return not any(self._stages)
+
+    def staged(self) -> list[list[Any]]:
+        return self._stages
+
+
+def without_written(changeset: Any, ahead: set) -> Any:
+    """`changeset` for jaclang's transaction: less the intents written ahead (`ahead`, their ids'
+    numbers, `UUID.int`, as adapters/store.py keys them)."""
+    return _Unwritten(changeset, ahead) if ahead else changeset
+
+
+def with_written(report: Any, changeset: Any, ahead: set, applied_to: Any) -> Any:
+    """jaclang's report of the transaction on `applied_to` (`without_written`'s), with the rows
+    written ahead applied as jaclang's loop would have applied them (no-ops that never fail), in
+    its order, when the transaction committed; as it is when it rolled back (a lost race, a failed
+    transaction: nothing applied) and the rows written ahead are to be taken back."""
+    if not ahead or report.conflicts or (report.applied == [] and not applied_to.is_empty()):
+        return report
+    done = set(report.applied)
+    report.applied = [intent.anchor.id for stage in changeset.staged() for intent in stage
+                      if intent.anchor.id.int in ahead or intent.anchor.id in done]
+    return report
