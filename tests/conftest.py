@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import json
 import os
+import sqlite3
 import subprocess
 import sys
 import threading
@@ -195,6 +196,36 @@ def scripted_tool_loop(upstream, prefix: str, text: Callable[[int], str | None],
 
 
 # ---------------------------------------------------------------- the suite's time, by module
+
+
+# ---------------------------------------------------------------- the embedded store's file (tests/test_store.py, test_transactions.py)
+
+
+def db_file(engine: Engine) -> str:
+    """The one SQLite file of an Engine's store."""
+    files = sorted(engine.store.rglob("*.db"))
+    assert len(files) == 1, files
+    return str(files[0])
+
+
+def hold_write_lock(path: str, seconds: float, taken: threading.Event) -> None:
+    """Another writer's long commit, by a connection outside this process's turns: the file's
+    write lock held for `seconds`."""
+    conn = sqlite3.connect(path, timeout=30)
+    conn.execute("BEGIN IMMEDIATE")
+    taken.set()
+    time.sleep(seconds)
+    conn.commit()
+    conn.close()
+
+
+def tool_rounds(n: int) -> list[dict]:
+    """A task and n small tool rounds, each result with an id of its own."""
+    messages = [user("Fix the parser; its tests fail.")]
+    for i in range(n):
+        messages += [assistant(None, call(f"c{i}", "bash", {"cmd": f"sed -n {i},+9p src/parser.py"})),
+                     tool(f"c{i}", f"{i}: def parse_{i}(tokens): return tokens[{i % 7}:]  # ID_{i:05d}")]
+    return messages
 
 
 def pytest_terminal_summary(terminalreporter) -> None:

@@ -13,27 +13,11 @@ import threading
 import time
 import uuid
 
-from conftest import assistant, call, tool, trace_prefix, user
+from conftest import assistant, call, db_file, hold_write_lock, tool, tool_rounds, trace_prefix, user
 
 from contextrender import Engine, store
 
 HELD = 5.6  # seconds: longer than the 5 s lock wait jaclang opens its SQLite file with
-
-
-def _db_file(engine: Engine) -> str:
-    files = sorted(engine.store.rglob("*.db"))
-    assert len(files) == 1, files
-    return str(files[0])
-
-
-def _hold_write_lock(path: str, seconds: float, taken: threading.Event) -> None:
-    """Another writer's long commit: the file's write lock held for `seconds`."""
-    conn = sqlite3.connect(path, timeout=30)
-    conn.execute("BEGIN IMMEDIATE")
-    taken.set()
-    time.sleep(seconds)
-    conn.commit()
-    conn.close()
 
 
 def _read_and_write_while_another_commit_holds(store, path: str, written: list[dict]) -> None:
@@ -41,7 +25,7 @@ def _read_and_write_while_another_commit_holds(store, path: str, written: list[d
     `store` (an Engine, or a Client of a server: the same methods) reads session "reader" (ingested
     before) at once and writes `written` to session "writer", which waits and lands."""
     taken = threading.Event()
-    holder = threading.Thread(target=_hold_write_lock, args=(path, HELD, taken))
+    holder = threading.Thread(target=hold_write_lock, args=(path, HELD, taken))
     holder.start()
     try:
         assert taken.wait(10)
@@ -60,7 +44,7 @@ def _read_and_write_while_another_commit_holds(store, path: str, written: list[d
 def test_a_call_waits_for_a_long_commit_and_a_read_does_not_wait(tmp_path):
     engine = Engine(tmp_path / "store")
     engine.ingest("reader", [user("what is in the repo?")])
-    _read_and_write_while_another_commit_holds(engine, _db_file(engine), [user("fix it"), assistant(None, call("c1", "ls", {})), tool("c1", "a.py")])
+    _read_and_write_while_another_commit_holds(engine, db_file(engine), [user("fix it"), assistant(None, call("c1", "ls", {})), tool("c1", "a.py")])
 
 
 def test_rows_are_serialised_before_the_write_transaction(tmp_path, monkeypatch):
@@ -219,7 +203,7 @@ def test_a_row_stored_by_an_earlier_version_is_merged_by_jaclang_and_reads(tmp_p
     monkeypatch.setattr(Session, "__jac_fingerprint__", "written-by-an-earlier-version")
     engine.ingest("old", [user("first")])
     monkeypatch.setattr(Session, "__jac_fingerprint__", current)
-    conn = sqlite3.connect(_db_file(engine))
+    conn = sqlite3.connect(db_file(engine))
     fingerprint = "SELECT fingerprint FROM anchors WHERE arch_type = 'Session'"
     assert conn.execute(fingerprint).fetchall() == [("written-by-an-earlier-version",)]
     on_text: list[bool] = []  # for the Session's row, merge by merge
@@ -280,20 +264,12 @@ def test_calls_reuse_an_idle_connection_and_never_one_to_a_replaced_file(tmp_pat
 
 
 def _rows(engine: Engine) -> int:
-    with sqlite3.connect(_db_file(engine)) as conn:
+    with sqlite3.connect(db_file(engine)) as conn:
         return conn.execute("SELECT count(*) FROM anchors").fetchone()[0]
 
 
-def _tool_rounds(n: int) -> list[dict]:
-    messages = [user("Fix the parser; its tests fail.")]
-    for i in range(n):
-        messages += [assistant(None, call(f"c{i}", "bash", {"cmd": f"sed -n {i},+9p src/parser.py"})),
-                     tool(f"c{i}", f"{i}: def parse_{i}(tokens): return tokens[{i % 7}:]  # ID_{i:05d}")]
-    return messages
-
-
 def test_a_big_flush_writes_its_new_rows_ahead_in_short_transactions(tmp_path, monkeypatch):
-    messages = _tool_rounds(12)
+    messages = tool_rounds(12)
     whole = Engine(tmp_path / "whole")
     whole.ingest("s", messages)
     monkeypatch.setattr(store, "WRITE_AHEAD_BATCH", 5)
@@ -326,7 +302,7 @@ def test_rows_written_ahead_of_a_flush_that_is_not_applied_are_taken_back(tmp_pa
     # The flush's own transaction rolled back (a lost race): nothing of it applied.
     monkeypatch.setattr(store.jac_memory.SqliteMemory, "apply", lambda self, changeset: store.jac_memory.ApplyReport())
     try:
-        engine.ingest("s", _tool_rounds(12))
+        engine.ingest("s", tool_rounds(12))
     except Exception:  # noqa: BLE001  (the call may say so; what matters is what is stored)
         pass
     monkeypatch.undo()
@@ -343,7 +319,7 @@ def test_no_full_collection_while_a_flush_serialises_and_writes(tmp_path, monkey
     row = store.anchor_row
     monkeypatch.setattr(store, "anchor_row", lambda anchor: seen.append(gc.get_threshold()[2]) or row(anchor))
     thresholds = gc.get_threshold()
-    engine.ingest("s", _tool_rounds(3))
+    engine.ingest("s", tool_rounds(3))
     assert seen and set(seen) == {HELD_FULL_THRESHOLD}
     assert gc.get_threshold() == thresholds
 

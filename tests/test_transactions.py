@@ -9,35 +9,10 @@ import threading
 import time
 from uuid import UUID
 
-from conftest import assistant, call, tool, user
+from conftest import db_file, hold_write_lock, tool_rounds, user
 
 from contextrender import Engine, store, transactions
 from contextrender.transactions import WRITE_TURNS
-
-
-def _db_file(engine: Engine) -> str:
-    files = sorted(engine.store.rglob("*.db"))
-    assert len(files) == 1, files
-    return str(files[0])
-
-
-def _hold_write_lock(path: str, seconds: float, taken: threading.Event) -> None:
-    """Another process's writer: the file's write lock held for `seconds` by a connection that
-    is not in this process's turns."""
-    conn = sqlite3.connect(path, timeout=30)
-    conn.execute("BEGIN IMMEDIATE")
-    taken.set()
-    time.sleep(seconds)
-    conn.commit()
-    conn.close()
-
-
-def _tool_rounds(n: int) -> list[dict]:
-    messages = [user("Fix the parser; its tests fail.")]
-    for i in range(n):
-        messages += [assistant(None, call(f"c{i}", "bash", {"cmd": f"sed -n {i},+9p src/parser.py"})),
-                     tool(f"c{i}", f"{i}: def parse_{i}(tokens): return tokens[{i % 7}:]  # ID_{i:05d}")]
-    return messages
 
 
 def _timed_writes(engines: list[Engine], sessions: list[str]) -> list[tuple[float, str]]:
@@ -71,7 +46,7 @@ def test_writers_behind_another_process_all_give_up_at_the_busy_timeout(tmp_path
     for session in sessions:
         engine.ingest(session, [user("start")])
     taken = threading.Event()
-    holder = threading.Thread(target=_hold_write_lock, args=(_db_file(engine), 6.0, taken))
+    holder = threading.Thread(target=hold_write_lock, args=(db_file(engine), 6.0, taken))
     holder.start()
     try:
         assert taken.wait(10)
@@ -91,7 +66,7 @@ def test_a_write_to_one_file_does_not_wait_for_a_stuck_write_to_another(tmp_path
     stuck.ingest("s", [user("start")])
     free.ingest("s", [user("start")])
     taken = threading.Event()
-    holder = threading.Thread(target=_hold_write_lock, args=(_db_file(stuck), 4.0, taken))
+    holder = threading.Thread(target=hold_write_lock, args=(db_file(stuck), 4.0, taken))
     holder.start()
     try:
         assert taken.wait(10)
@@ -109,7 +84,7 @@ def test_every_write_transaction_of_a_big_flush_begins_with_its_turn_held(tmp_pa
     monkeypatch.setattr(store, "WRITE_AHEAD_BATCH", 5)
     engine = Engine(tmp_path / "store")
     engine.ingest("s", [user("start")])
-    path = _db_file(engine)
+    path = db_file(engine)
     began: list[int] = []
     connect = sqlite3.connect
 
@@ -120,7 +95,7 @@ def test_every_write_transaction_of_a_big_flush_begins_with_its_turn_held(tmp_pa
 
     monkeypatch.setattr(store.sqlite3, "connect", traced)
     store.release(engine._keepalive_path)  # the next call opens a (traced) connection
-    engine.ingest("s", _tool_rounds(12), append=False)
+    engine.ingest("s", tool_rounds(12), append=False)
     assert len(began) > 10 and began == [1] * len(began)  # written ahead in batches, then the flush: each in its turn
 
 
@@ -128,7 +103,7 @@ def test_a_big_flush_walks_only_the_intents_it_did_not_write_ahead(tmp_path, mon
     """jaclang's transaction walked every intent of a big flush, the ones written ahead too (a
     no-op each, 140,000 for a 40,000-message call, the write lock held meanwhile). It now walks
     the others; the report names every intent applied, in jaclang's order, as before."""
-    messages = _tool_rounds(12)
+    messages = tool_rounds(12)
     whole = Engine(tmp_path / "whole")
     whole.ingest("s", messages)
     monkeypatch.setattr(store, "WRITE_AHEAD_BATCH", 5)
