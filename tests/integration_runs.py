@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from contextrender.testing.fake_upstream import named_handles
+from contextrender.testing.fake_upstream import named_handles, strings
 from engine.measure import get_tokenizer
 from tests.conftest import call
 
@@ -17,15 +17,6 @@ BUDGET = 1500
 READS = 8
 # A stub's handle, in a message's text or in JSON (where its quotes are escaped).
 HANDLE = re.compile(r'call contextrender_restore with handle \\?"([rp][0-9]+)\\?"')
-
-
-def strings(value: Any) -> list[str]:
-    """Every string in a request's JSON (texts, a tool result's content or output)."""
-    if isinstance(value, dict):
-        return [t for v in value.values() for t in strings(v)]
-    if isinstance(value, list):
-        return [t for v in value for t in strings(v)]
-    return [value] if isinstance(value, str) else []
 
 
 def handles_of(engine: Any, session: str) -> dict[str, str]:

@@ -30,7 +30,7 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Iterator
 
 import uvicorn
 from fastapi import FastAPI, Request
@@ -77,21 +77,22 @@ _INDEX_HEADING = "call contextrender_restore with a handle, or a query to find o
 _INDEX_ENTRY = re.compile(r"(?<!\S)([rp][0-9]+)(?!\S)")
 
 
-def _strings(value: Any) -> Any:
+def strings(value: Any) -> Iterator[str]:
+    """Every string in a request's JSON (texts, a tool result's content or output), in order."""
     if isinstance(value, str):
         yield value
     elif isinstance(value, dict):
         for v in value.values():
-            yield from _strings(v)
+            yield from strings(v)
     elif isinstance(value, list):
         for v in value:
-            yield from _strings(v)
+            yield from strings(v)
 
 
 def named_handles(payload: dict) -> list[str]:
     """The handles a request names for the restore tool, in order (its tools' text aside): those of
     restore hints (stubs, notes of cut or compacted results) first, then the fold index's, each once."""
-    texts = list(_strings({k: v for (k, v) in payload.items() if k != "tools"}))
+    texts = list(strings({k: v for (k, v) in payload.items() if k != "tools"}))
     index = [line.partition(" results:")[2] for text in texts
              for line in text.partition(_INDEX_HEADING)[2].splitlines() if " results:" in line]
     hinted = [h for text in texts for h in _HINT.findall(text)]
