@@ -154,7 +154,7 @@ class OneCommitMemory(NewAnchorsUnhashed, jac_memory.TieredMemory):
 
     def delete(self, id: UUID) -> None:
         if self.kept is not None:
-            self.kept.forget(id)
+            self.kept.forget(id.int)
         super().delete(id)
 
 
@@ -183,9 +183,10 @@ class Kept:
     path: str
     opened: tuple[int, int] | None
     version: int | None = None
-    anchors: dict[UUID, Anchor] = field(default_factory=dict)
+    # By their id's number (`UUID.int`: a UUID's hash is a Python call, an int's is not).
+    anchors: dict[int, Anchor] = field(default_factory=dict)
     # Kept with no baseline yet (written or made by a call): set when lent.
-    unbaselined: set[UUID] = field(default_factory=set)
+    unbaselined: set[int] = field(default_factory=set)
     # What the call that has them took, as it was (adapters/lent.py).
     lent: dict[UUID, Lent] = field(default_factory=dict)
     # The call that has them: its connection, and that connection's data_version when it took them.
@@ -193,11 +194,12 @@ class Kept:
     conn_version: int | None = None
 
     def lend(self, id: UUID, working: dict[UUID, Anchor]) -> Anchor | None:
-        anchor = self.anchors.pop(id, None)
+        key = id.int
+        anchor = self.anchors.pop(key, None)
         if anchor is None:
             return None
-        baselined = id not in self.unbaselined
-        self.unbaselined.discard(id)
+        baselined = key not in self.unbaselined
+        self.unbaselined.discard(key)
         taken = lent(anchor, baselined)
         if taken is None:
             if not baselined:
@@ -222,57 +224,55 @@ class Kept:
                 settled.add(id)
         return settled
 
-    def forget(self, id: UUID) -> None:
-        self.anchors.pop(id, None)
-        self.unbaselined.discard(id)
+    def forget(self, key: int) -> None:  # (an id's number, `UUID.int`)
+        self.anchors.pop(key, None)
+        self.unbaselined.discard(key)
 
     def clear(self) -> None:
-        self.anchors.clear()
-        self.unbaselined.clear()
-        self.lent.clear()
+        (self.anchors, self.unbaselined, self.lent) = ({}, set(), {})
 
     def _stored(self, ids: list[UUID]) -> dict[str, Any]:
         """The stored edge list (JSON) of each of `ids` that has a row."""
         return dict(in_blocks(self.conn, "SELECT id, json_extract(data, '$.edges') FROM anchors WHERE id IN (?ids)", [str(id) for id in ids]))
 
     def keep(self, working: dict[UUID, Anchor], written: set[UUID]) -> None:
-        """Keep the anchors a committed call left in `working`, as stored: the ones it only loaded
-        as they are, the ones it wrote or made (a stored node whose edge set changed with the edge
-        order of its stored row: the store merges an edge delta in its own order) with no
-        baseline (set when next lent, if the commit needs it: adapters/lent.py); one it made that
-        was not stored (an edgeless node) is not kept. (The store sets the version of a node whose
-        edges it merged.)"""
-        for id in written:
-            self.forget(id)
+        """Keep the anchors a committed call left in `working`, as stored: the ones it only loaded as
+        they are, the nodes it wrote or made with no baseline (set when next lent, if the commit needs
+        it: adapters/lent.py). Not kept: a node it made but did not store (edgeless), an edge it made
+        (reached only through its node, whose kept edges are stubs: loaded anyway; none ever was)."""
+        written_keys = {id.int for id in written}
+        for key in written_keys:
+            self.forget(key)
         # Taken without a baseline and not written: kept still without one.
-        unhashed = {id for (id, taken) in self.lent.items() if not taken.baselined and id not in written}
+        unhashed = {id.int for (id, taken) in self.lent.items() if not taken.baselined} - written_keys
         self.lent.clear()
-        candidates = [a for a in working.values() if a.persistent and a.is_populated() and (a.id in written or a.hash != 0)]
-        changed = [a for a in candidates if a.id in written]
+        candidates = [a for a in working.values() if a.persistent and a.is_populated()
+                      and (a.hash != 0 or (not isinstance(a, EdgeAnchor) and a.id.int in written_keys))]
+        changed = [a for a in candidates if a.id.int in written_keys]
         if len(changed) > MAX_KEPT:
-            candidates = [a for a in candidates if a.id not in written]
+            candidates = [a for a in candidates if a.id.int not in written_keys]
             changed = []
-        # Written, so stored; the stored edge order is read only for a stored node whose edge set
-        # changed (the store merges an edge delta in its own order): a node made in the call (no
-        # edge baseline: never loaded) was written whole, in its own order, as another keeps its order.
-        ordered = {a.id for a in changed if isinstance(a, NodeAnchor) and (initial := a.__dict__.get("_initial_edge_ids")) is not None
-                   and initial != frozenset(e.id for e in a.edges)}
-        stored = self._stored(list(ordered)) if ordered else {}
+        # The stored edge order is read only for a stored node whose edge set changed (the store merges a
+        # delta in its own order): a node made in the call (never loaded) was written whole, in its order.
+        ordered = {a.id.int: a.id for a in changed if isinstance(a, NodeAnchor) and (initial := a.__dict__.get("_initial_edge_ids"))
+                   is not None and initial != frozenset(e.id for e in a.edges)}
+        stored = self._stored(list(ordered.values())) if ordered else {}
         for anchor in candidates:
-            if anchor.id in unhashed:
-                self.unbaselined.add(anchor.id)
-            elif anchor.id in written:
-                if anchor.id in ordered:
-                    key = str(anchor.id)
-                    if key not in stored:
+            key = anchor.id.int
+            if key in unhashed:
+                self.unbaselined.add(key)
+            elif key in written_keys:
+                if key in ordered:
+                    text = str(anchor.id)
+                    if text not in stored:
                         continue
-                    order = json.loads(stored[key]) if stored[key] else []
+                    order = json.loads(stored[text]) if stored[text] else []
                     edges = {str(e.id): e for e in anchor.edges}
                     if len(order) != len(anchor.edges) or set(order) != set(edges):
                         continue
                     anchor.edges = [edges[e] for e in order]
-                self.unbaselined.add(anchor.id)
-            self.anchors[anchor.id] = _unlinked(anchor)
+                self.unbaselined.add(key)
+            self.anchors[key] = _unlinked(anchor)
         while len(self.anchors) > MAX_KEPT:
             self.forget(next(iter(self.anchors)))
 

@@ -133,9 +133,10 @@ def _all_as_stored(engine) -> int:
 
     kept = _kept(engine)
     rows = dict(sqlite3.connect(kept.path).execute("SELECT id, data FROM anchors").fetchall())
-    for (id, anchor) in list(kept.anchors.items()):
-        assert json.loads(rows[str(id)]) == json.loads(json.dumps(Serializer.serialize(anchor, include_type=True)))
-        if id in kept.unbaselined:  # its baseline, as the next call's commit sets it when it changed
+    for (key, anchor) in list(kept.anchors.items()):
+        assert key == anchor.id.int  # kept by their id's number
+        assert json.loads(rows[str(anchor.id)]) == json.loads(json.dumps(Serializer.serialize(anchor, include_type=True)))
+        if key in kept.unbaselined:  # its baseline, as the next call's commit sets it when it changed
             rebaseline(anchor)
         assert anchor.hash == Serializer._compute_hash(anchor)
         hashes = dict(anchor.archetype.__jac_field_hashes__)
@@ -170,6 +171,18 @@ def test_the_next_call_takes_the_anchors_the_last_left_as_stored_instead_of_load
     engine.render("s", REUSING + [assistant("done: compute_beta_value fixed")], budget=2000)
     assert loaded == []  # the root, the session, the chain's tail, the results it reuses: kept
     assert engine.get_session("s", include_messages=True)["messages"] == before + [assistant("done: compute_beta_value fixed")]
+    _all_as_stored(engine)
+
+
+def test_a_call_keeps_the_nodes_it_made_but_not_the_edges_it_made(engine):
+    from jaclang.jac0core.archetype import EdgeAnchor
+
+    engine.ingest("s", REUSING[:5])
+    engine.ingest("s", REUSING[5:], append=True)  # edges made: Next, Calls, Answered, Reuses
+    kept = _kept(engine)
+    kinds = {type(anchor.archetype).__name__ for anchor in kept.anchors.values()}
+    assert {"Session", "ToolResult", "ToolCall", "Message"} <= kinds
+    assert not [a for a in kept.anchors.values() if isinstance(a, EdgeAnchor)]  # each made by a call
     _all_as_stored(engine)
 
 
