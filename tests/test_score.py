@@ -152,3 +152,33 @@ def test_the_exchange_from_positions_is_the_latest_exchange():
         users = [e for e in range(end) if part[e]["role"] == "user"]
         assistants = [e for e in range(end) if part[e]["role"] == "assistant"]
         assert exchange_parts(part, reversed(users), reversed(assistants)) == latest_exchange_parts(part)
+
+
+def test_the_objective_bound_is_at_least_what_any_selection_that_fits_adds():
+    """objective_bound (what lets a partial re-render skip its selection) is never below the V
+    that any set of whole candidates fitting the room adds (brute force over every subset, costs
+    with a wrapper on top of some), and is the fractional knapsack of U - price * cost."""
+    import itertools
+
+    from engine.score import objective_bound
+
+    rng = np.random.default_rng(7)
+    for _ in range(300):
+        n = int(rng.integers(1, 8))
+        worth = rng.uniform(0.0, 2.0, 12)
+        candidates = sorted(rng.choice(12, size=n, replace=False).tolist())
+        costs = rng.integers(0, 900, n).tolist()
+        wrapper = (rng.integers(0, 2, n) * 4).tolist()
+        (room, price) = (int(rng.integers(0, 2000)), float(rng.uniform(0.0001, 0.005)))
+        bound = objective_bound(worth, candidates, costs, room, price)
+        for size in range(n + 1):
+            for subset in itertools.combinations(range(n), size):
+                paid = sum(costs[i] + wrapper[i] for i in subset)
+                if paid <= room:
+                    assert sum(worth[candidates[i]] for i in subset) - price * paid <= bound + 1e-9
+    # Worth per token 0.01 - 0.001 and 0.0015 - 0.001: the first whole, half of the second.
+    worth = np.array([1.0, 0.3, 0.0])
+    assert objective_bound(worth, [0, 1, 2], [100, 200, 50], 200, 0.001) == pytest.approx(0.9 + 0.1 * 100 / 200)
+    assert objective_bound(worth, [0, 1], [100, 200], 300, 0.001) == pytest.approx(0.9 + 0.1)
+    assert objective_bound(worth, [], [], 300, 0.001) == 0.0
+    assert objective_bound(worth, [0], [0], 0, 0.001) == 1.0   # a free one fits any room
