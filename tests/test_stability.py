@@ -655,30 +655,6 @@ def test_headroom_used_gives_part_of_the_headroom_to_results_the_model_used(tmp_
     assert status[1.0]["b"] == "omitted", status[1.0]
 
 
-def test_a_partial_re_render_that_cannot_pass_the_best_is_not_selected_and_nothing_changes(tmp_path, monkeypatch):
-    """A partial re-render whose V cannot pass the best so far (engine/score.jac `objective_bound`
-    over what is left after its cut) is not selected: the same renders and reasons as with every
-    partial selected (the bound made useless), with fewer greedy selections."""
-    import math
-
-    import engine.stability as stability
-    from engine.plan import RenderPlan
-
-    greedy = RenderPlan.greedy
-    selections = []
-    monkeypatch.setattr(RenderPlan, "greedy", lambda plan, choice: selections.append(1) or greedy(plan, choice))
-    runs = {}
-    for bounded in (True, False):
-        if not bounded:
-            monkeypatch.setattr(stability, "objective_bound", lambda *args: math.inf, raising=False)
-        selections.clear()
-        results = replay(Engine(tmp_path / f"bounded{bounded}"), session(30), 1200)
-        runs[bounded] = ([(r.messages, r.mode, r.mode_reason) for r in results], len(selections))
-    assert runs[True][0] == runs[False][0]
-    assert any("up to message #" in reason for (_, _, reason) in runs[True][0])
-    assert runs[True][1] < runs[False][1]
-
-
 def test_the_re_renders_that_keep_the_folded_turns_take_the_full_selection_s_layout(tmp_path, monkeypatch):
     """`keep_folded`'s re-renders start from the layout of the full selection (the same
     constraints but pinned results, which the layout does not read): the only plans laid out
