@@ -21,9 +21,10 @@ and the ratio of ours to ctxkeeper's (target: CPU per request no more than ctxke
 `--engine-only` leaves HTTP out: the same conversations through an `Engine` in this process, with
 the proxy's calls (the render of each request, carrying the usage report of the answer it re-sends,
 which it stores; the last answer of a conversation, never re-sent, ingested alone after its
-request's events with its report), and prints the CPU time of each per request; with
-`--checkout`, alternated with the same run in a process of that checkout (its .venv, in its
-folder: an older checkout's proxy made two calls a request, the render and the answer's ingestion).
+request's events with its report), and prints the CPU time of each per request, and the median
+render's by mode (append, re-render, passthrough); with `--checkout`, alternated with the same run
+in a process of that checkout (its .venv, in its folder: an older checkout's proxy made two calls
+a request, the render and the answer's ingestion).
 
 `--checkout PATH` adds a third proxy, ContextRender from another checkout (run by that checkout's
 .venv), alternated with the two others in every round: a before/after comparison in one run.
@@ -137,7 +138,7 @@ def engine_only(budget: int, talks: list[tuple[str, list[dict]]]) -> dict:
     with tempfile.TemporaryDirectory(prefix="peer-engine-") as state:
         engine = Engine(state)
         engine.warm_up()
-        (render, ingest, requests) = (0.0, 0.0, 0)
+        (render, ingest, requests, by_mode) = (0.0, 0.0, 0, {})
         usage = {"input_tokens": 1000, "output_tokens": 100, "estimated_input_tokens": 1000}
         for (tag, messages) in talks:
             session = f"peer-{tag}"[:200]
@@ -146,8 +147,10 @@ def engine_only(budget: int, talks: list[tuple[str, list[dict]]]) -> dict:
                 sent = [normal_form(m) for m in messages[:j]]
                 began = time.process_time()
                 # The previous answer (in `sent`) and its report, stored by this render.
-                engine.render(session, sent, budget=budget, selector=DEFAULT_SELECTOR, **({"usage": usage} if j != turns[0] else {}))
-                render += time.process_time() - began
+                result = engine.render(session, sent, budget=budget, selector=DEFAULT_SELECTOR, **({"usage": usage} if j != turns[0] else {}))
+                spent = time.process_time() - began
+                render += spent
+                by_mode.setdefault(result.mode, []).append(spent)
                 requests += 1
             # The last answer, which no request re-sends: alone, as the proxy stores it.
             began = time.process_time()
@@ -155,7 +158,8 @@ def engine_only(budget: int, talks: list[tuple[str, list[dict]]]) -> dict:
             engine.ingest(session, [answer], append=True, at=chain_events([normal_form(m) for m in messages[:turns[-1]]]), usage=usage)
             ingest += time.process_time() - began
         engine.close()
-    return {"requests": requests, "render_ms": render * 1000 / requests, "ingest_ms": ingest * 1000 / requests}
+    return {"requests": requests, "render_ms": render * 1000 / requests, "ingest_ms": ingest * 1000 / requests,
+            "modes": {mode: (len(times), statistics.median(times) * 1000) for mode, times in sorted(by_mode.items())}}
 
 
 def main() -> None:
@@ -183,7 +187,8 @@ def main() -> None:
                     continue
                 row = engine_only(args.budget, talks)
                 print(f"round {round_}, {REPO}: {row['requests']} requests, Engine CPU per request {row['render_ms'] + row['ingest_ms']:.2f} ms "
-                      f"(the render {row['render_ms']:.2f}, the answer's ingestion {row['ingest_ms']:.2f})  "
+                      f"(the render {row['render_ms']:.2f}, the answer's ingestion {row['ingest_ms']:.2f}; the render by mode: "
+                      + ", ".join(f"{mode} {n} median {ms:.2f} ms" for mode, (n, ms) in row["modes"].items()) + ")  "
                       f"(load {os.getloadavg()[0]:.1f})", flush=True)
         return
     names = ["contextrender", "ctxkeeper"] + (["checkout"] if args.checkout else [])

@@ -152,3 +152,41 @@ def test_the_exchange_from_positions_is_the_latest_exchange():
         users = [e for e in range(end) if part[e]["role"] == "user"]
         assistants = [e for e in range(end) if part[e]["role"] == "assistant"]
         assert exchange_parts(part, reversed(users), reversed(assistants)) == latest_exchange_parts(part)
+
+
+def test_greedy_select_is_the_plain_loop_of_a4_bit_for_bit():
+    """greedy_select (its arrays written in place) against A.4 written plainly (every pick's cost
+    with its wrapper, R = U - penalty * D, the first feasible maximum, D updated by the pick's
+    cosines): the same picks, R, costs, final scores and costs, bit for bit, with exact ties,
+    shared wrappers, a continued selection and float32 vectors."""
+
+    def plain(worth, vectors, costs, wrapper, owners, remaining, penalty, similar=None):
+        (costs, wrapper, owners) = (np.asarray(costs), np.asarray(wrapper), np.asarray(owners))
+        similarity = np.zeros(len(costs)) if similar is None else np.asarray(similar, dtype=np.float64).copy()
+        (taken, picks) = (np.zeros(len(costs), dtype=bool), [])
+        while True:
+            (cost, score) = (costs + wrapper, worth - penalty * similarity)
+            feasible = ~taken & (cost <= remaining)
+            if not feasible.any():
+                return picks, [float(s) for s in score], [int(c) for c in cost], remaining
+            best = int(np.argmax(np.where(feasible, score, -np.inf)))
+            (taken[best], remaining) = (True, remaining - int(cost[best]))
+            picks.append((best, float(score[best]), int(cost[best])))
+            if owners[best] >= 0:
+                wrapper[owners == owners[best]] = 0
+            similarity = np.maximum(similarity, vectors @ vectors[best])
+
+    rng = np.random.default_rng(3)
+    for _ in range(400):
+        n = int(rng.integers(1, 40))
+        worth = rng.choice([0.5, 1.0, 1.25], n) if rng.random() < 0.3 else rng.uniform(0, 3, n)
+        vectors = rng.standard_normal((n, 16)).astype(np.float32)
+        vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+        costs = rng.integers(1, 300, n).tolist()
+        owners = rng.integers(-1, 5, n).tolist()
+        wrapper = [4 if o >= 0 else 0 for o in owners]
+        remaining = int(rng.integers(0, 3000))
+        similar = rng.uniform(0, 1, n) if rng.random() < 0.3 else None
+        got = greedy_select(worth, vectors, costs, wrapper, owners, remaining, 0.5, similar)
+        expected = plain(worth, vectors, costs, list(wrapper), owners, remaining, 0.5, similar)
+        assert ([(p.candidate, p.score, p.cost) for p in got.picks], got.final_score, got.final_cost, got.remaining) == expected

@@ -653,3 +653,19 @@ def test_headroom_used_gives_part_of_the_headroom_to_results_the_model_used(tmp_
     assert status[0.0]["a"] == "omitted" and status[0.0]["b"] == "omitted", status[0.0]
     assert status[1.0]["a"] == "kept", status[1.0]
     assert status[1.0]["b"] == "omitted", status[1.0]
+
+
+def test_the_re_renders_that_keep_the_folded_turns_take_the_full_selection_s_layout(tmp_path, monkeypatch):
+    """`keep_folded`'s re-renders start from the layout of the full selection (the same
+    constraints but pinned results, which the layout does not read): the only plans laid out
+    without a kept fold are those the paper's selection runs on (the full one, a wider one)."""
+    import engine.stability as stability
+    from engine.plan import RenderPlan
+
+    (lay_out, select) = (RenderPlan.lay_out, stability.select)
+    (laid, selected) = ([], [])
+    monkeypatch.setattr(RenderPlan, "lay_out", lambda plan: laid.append(plan.constraints.kept is None) or lay_out(plan))
+    monkeypatch.setattr(stability, "select", lambda plan, selector: selected.append(1) or select(plan, selector))
+    results = replay(Engine(tmp_path / "s"), session(30), 1200)
+    assert any("of its folded turns up to message #" in r.mode_reason for r in results)
+    assert sum(laid) == len(selected)
