@@ -250,6 +250,25 @@ def test_hysteresis_never_displaces_the_newest_steps_result(tmp_path):
     assert not str(later.messages[-1]["content"]).startswith("[ContextRender")
 
 
+@pytest.mark.parametrize("selector", ["contextrender", "cr-recency"])
+@pytest.mark.parametrize("size", [210, 250])
+def test_the_newest_result_beyond_the_cap_leaves_the_selection_no_room(tmp_path, selector, size):
+    """A first selective render whose newest result takes more than the cap leaves (kept from B's
+    room beyond it): the selection has less than nothing left and takes no older result. (It once
+    reserved a negative `headroom_used` room, which handed the selection that much room and let it
+    pick the newest result again at a negative cost: older results were shown past the cap and, on
+    a recorded customer-service conversation at B = 1,000, past B: an internal error.)"""
+    budget = 1000
+    messages = [user("look up the order")]
+    for i in range(12):
+        messages += [assistant(None, call(f"c{i}", "get", {"id": i})), tool(f"c{i}", f"ORDER_{i}00 " + filler(f"r{i}x", 12))]
+    messages += [assistant(None, call("big", "get", {"id": 99})), tool("big", "BIG_9900 " + filler("bigx", size))]
+    result = Engine(tmp_path / "s").render("s", messages, budget=budget, selector=selector, explain=True)
+    assert_sound(result, budget)
+    assert result.mode == "re-render"
+    assert {d.call_id: d.status for d in result.decisions if d.status != "omitted"} == {"big": "kept"}
+
+
 def test_partial_re_render_keeps_a_prefix_of_the_previous_request(engine):
     budget = 1200
     messages = session(30)
