@@ -1,7 +1,7 @@
 """Proxy overhead: time a conversation request spends in the proxy, the upstream excluded.
 
     .venv/bin/python benchmarks/proxy_bench.py [--requests 60] [--results 150] [--budget 6000]
-        [--protocol chat|anthropic|responses]
+        [--protocol chat|anthropic|responses] [--checkout PATH [--alternate 4]]
 
 Three processes on loopback: the fake upstream (`python -m contextrender.testing.fake_upstream`,
 an instant canned answer: one tool call), the proxy as users start it (`contextrender proxy`, the
@@ -18,6 +18,10 @@ handling, the render (with the ingestion of the new events), the forwarding, and
 the previous answer when it lands on the request path. Prints p50/p95 over the requests, and the
 proxy process's CPU time per request (user + system, from /proc: steadier than the times on a
 loaded machine).
+
+`--checkout PATH`: the proxy of another checkout too (its .venv, in its folder; the fake upstream
+and the client stay this checkout's), `--alternate` pairs of runs, the order swapped at each pair,
+with the medians of both.
 """
 
 from __future__ import annotations
@@ -119,18 +123,12 @@ def percentile(samples: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))] * 1000
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--requests", type=int, default=60)
-    parser.add_argument("--results", type=int, default=150)
-    parser.add_argument("--budget", type=int, default=6000)
-    parser.add_argument("--selector", default="contextrender")
-    parser.add_argument("--protocol", choices=sorted(PROTOCOLS), default="chat")
-    args = parser.parse_args()
-    logging.getLogger("httpx").setLevel(logging.WARNING)  # the client's own line per call, not the proxy's
+REPO = Path(__file__).resolve().parent.parent
 
-    pairs = trace_turns()
-    messages = history(pairs, args.results)[:-1]  # an agent loop: the history ends with a tool result
+
+def measure(args: argparse.Namespace, checkout: Path, pairs: list, messages: list[dict]) -> dict:
+    """One run: a fresh fake upstream and the proxy of `checkout` (its .venv, in its folder) on a
+    fresh store; the client plays the agent loop. The figures, printed and returned."""
     upstream_port, proxy_port = free_port(), free_port()
     upstream_url = f"http://127.0.0.1:{upstream_port}"
     proxy_url = f"http://127.0.0.1:{proxy_port}"
@@ -140,10 +138,11 @@ def main() -> None:
         [sys.executable, "-m", "contextrender.testing.fake_upstream", "--port", str(upstream_port), "--tool", "bash"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
     )
+    # Run in the checkout's folder: jaclang finds the Jac modules of the folder it runs in first.
     proxy = subprocess.Popen(
-        [sys.executable, "-m", "contextrender.cli", "proxy", "--upstream", f"{upstream_url}/v1",
-         "--budget", str(args.budget), "--port", str(proxy_port), "--selector", args.selector],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        [str(checkout / ".venv" / "bin" / "python") if checkout != REPO else sys.executable, "-m", "contextrender.cli", "proxy",
+         "--upstream", f"{upstream_url}/v1", "--budget", str(args.budget), "--port", str(proxy_port), "--selector", args.selector],
+        env=env, cwd=checkout, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
     )
     try:
         wait_up(f"{upstream_url}/v1/models", upstream)
@@ -173,20 +172,51 @@ def main() -> None:
                 overhead.append(t_proxy - t_direct)
                 sizes.append(conversation.size(json.loads(forwarded)))
             cpu = cpu_seconds(proxy.pid) - cpu_before
-        sent = conversation.size(conversation.body())
-        results = args.results + args.requests
-        print(f"proxy overhead ({args.protocol}, {conversation.path}), {args.requests} requests, session of {args.results} -> {results} results, "
-              f"B = {args.budget}, selector {args.selector}")
-        print(f"  first request (ingests the {args.results}-result history): {first * 1000:.0f} ms")
-        print(f"  through the proxy  p50 {percentile(through, 0.5):6.2f} ms  p95 {percentile(through, 0.95):6.2f} ms")
-        print(f"  upstream directly  p50 {percentile(direct, 0.5):6.2f} ms  p95 {percentile(direct, 0.95):6.2f} ms")
-        print(f"  time in the proxy  p50 {percentile(overhead, 0.5):6.2f} ms  p95 {percentile(overhead, 0.95):6.2f} ms  (target p50 <= 5 ms, issue 30)")
-        print(f"  the proxy's CPU per request {cpu * 1000 / args.requests:6.2f} ms  (user + system, /proc)")
-        print(f"  messages (items) forwarded: median {statistics.median(sizes):.0f} of {sent} sent at the end")
     finally:
         for process in (proxy, upstream):
             process.terminate()
             process.wait(timeout=20)
+    sent = conversation.size(conversation.body())
+    results = args.results + args.requests
+    print(f"proxy overhead ({args.protocol}, {conversation.path}), {args.requests} requests, session of {args.results} -> {results} results, "
+          f"B = {args.budget}, selector {args.selector}, proxy of {checkout}")
+    print(f"  first request (ingests the {args.results}-result history): {first * 1000:.0f} ms")
+    print(f"  through the proxy  p50 {percentile(through, 0.5):6.2f} ms  p95 {percentile(through, 0.95):6.2f} ms")
+    print(f"  upstream directly  p50 {percentile(direct, 0.5):6.2f} ms  p95 {percentile(direct, 0.95):6.2f} ms")
+    print(f"  time in the proxy  p50 {percentile(overhead, 0.5):6.2f} ms  p95 {percentile(overhead, 0.95):6.2f} ms  (target p50 <= 5 ms, issue 30)")
+    print(f"  the proxy's CPU per request {cpu * 1000 / args.requests:6.2f} ms  (user + system, /proc)")
+    print(f"  messages (items) forwarded: median {statistics.median(sizes):.0f} of {sent} sent at the end", flush=True)
+    return {"p50": percentile(overhead, 0.5), "cpu": cpu * 1000 / args.requests}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--requests", type=int, default=60)
+    parser.add_argument("--results", type=int, default=150)
+    parser.add_argument("--budget", type=int, default=6000)
+    parser.add_argument("--selector", default="contextrender")
+    parser.add_argument("--protocol", choices=sorted(PROTOCOLS), default="chat")
+    parser.add_argument("--checkout", type=Path, help="also run the proxy of this checkout (its .venv), alternated")
+    parser.add_argument("--alternate", type=int, default=1, help="pairs of runs with --checkout (the order swapped at each)")
+    args = parser.parse_args()
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # the client's own line per call, not the proxy's
+
+    pairs = trace_turns()
+    messages = history(pairs, args.results)[:-1]  # an agent loop: the history ends with a tool result
+    if not args.checkout:
+        measure(args, REPO, pairs, messages)
+        return
+    other = args.checkout.resolve()
+    runs: dict[Path, list[dict]] = {REPO: [], other: []}
+    for pair in range(args.alternate):
+        for checkout in ([REPO, other] if pair % 2 == 0 else [other, REPO]):
+            runs[checkout].append(measure(args, checkout, pairs, messages))
+    medians = {c: {k: statistics.median(r[k] for r in rs) for k in ("p50", "cpu")} for (c, rs) in runs.items()}
+    for (checkout, figures) in medians.items():
+        print(f"{checkout}: time in the proxy p50 {', '.join(f'{r['p50']:.2f}' for r in runs[checkout])} ms (median {figures['p50']:.2f}); "
+              f"CPU per request {', '.join(f'{r['cpu']:.2f}' for r in runs[checkout])} ms (median {figures['cpu']:.2f})")
+    print(f"this checkout / {other}: time in the proxy p50 x{medians[REPO]['p50'] / medians[other]['p50']:.2f}, "
+          f"CPU per request x{medians[REPO]['cpu'] / medians[other]['cpu']:.2f}")
 
 
 if __name__ == "__main__":
