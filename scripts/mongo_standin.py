@@ -28,8 +28,27 @@ def _not(document, spec, variables, dialect, context):
     return not (value is not context.missing_sentinel and dialect.expression_truthy(value))
 
 
+def _absent_id_found_at_once() -> None:
+    """mongoeco 4.11's memory engine finds a document by `_id` in its storage dict, but when no
+    document has that `_id` (every upsert that creates one) it falls back to matching the filter
+    against every document of the collection: each new document cost a scan, 17 writes a second
+    at 13,000 documents (docs/performance.md, "Many users on MongoDB and Redis"). A string `_id`
+    (jac-scale's anchor ids) that is not a storage key matches nothing (no collation: MongoDB's
+    `_id` equality is exact), so the candidates are none, as MongoDB's `_id` index answers."""
+    original = MemoryEngine._candidate_items_for_plan_locked
+
+    def candidates(self, coll, query_plan, *, collation, **options):
+        wanted = self._direct_id_lookup_from_plan(query_plan)
+        if isinstance(wanted, str) and collation is None and self._storage_key(wanted) not in coll:
+            return []
+        return original(self, coll, query_plan, collation=collation, **options)
+
+    MemoryEngine._candidate_items_for_plan_locked = candidates
+
+
 async def serve(host: str, port: int, sqlite: str | None) -> None:
     register_aggregation_expression_operator("$not", _not)
+    _absent_id_found_at_once()
     engine = SQLiteEngine(sqlite) if sqlite else MemoryEngine()
     server = AsyncMongoEcoProxyServer(engine=engine, host=host, port=port)
     stop = asyncio.Event()
