@@ -175,3 +175,53 @@ def test_the_server_plugin_answers_with_the_bulk_store_where_mongodb_is_configur
     assert isinstance(ServerPlugin.get_persistent_memory({}), BulkMongoBackend)
     # The in-process Engine's contexts name their file: always SQLite.
     assert isinstance(ServerPlugin.get_persistent_memory({"db_path": "/tmp/unused.db"}), SharedSqliteStore)
+
+
+# Run by the stand-in's Python (.venv-mongo): the same answers from mongoeco's memory engine with
+# and without the stand-in's `_id` lookup, and the documents each answer considered.
+STANDIN_CHECK = """
+import json, sys
+sys.path.insert(0, "scripts")
+from mongoeco import MongoClient
+from mongoeco.engines.memory import MemoryEngine
+import mongo_standin
+
+def run():
+    considered = [0]
+    looked_up = MemoryEngine._candidate_items_for_plan_locked
+    def counted(self, *args, **options):
+        found = looked_up(self, *args, **options)
+        considered[0] += len(found)
+        return found
+    MemoryEngine._candidate_items_for_plan_locked = counted
+    col = MongoClient(engine=MemoryEngine())["t"]["c"]
+    col.insert_many([{"_id": f"k{i}", "v": i} for i in range(2000)] + [{"_id": 5, "v": "int"}])
+    considered[0] = 0
+    answers = [[d["_id"] for d in col.find({"_id": {"$in": ["k7", "k2", "zz"]}})],
+               [d["_id"] for d in col.find({"_id": {"$in": ["k7", "k2"]}, "v": 7})],
+               [d["_id"] for d in col.find({"$and": [{"_id": "k3"}, {"v": 3}]})],
+               col.find_one({"_id": "absent"}), col.find_one({"_id": 5})["v"],
+               str(col.update_one({"_id": "new"}, {"$set": {"v": 1}}, upsert=True).upserted_id),
+               col.delete_one({"_id": "k1"}).deleted_count, col.count_documents({"_id": {"$in": ["k1", "k0"]}})]
+    MemoryEngine._candidate_items_for_plan_locked = looked_up
+    return answers, considered[0]
+
+plain = run()
+mongo_standin._ids_found_at_once()
+print(json.dumps([plain, run()]))
+"""
+
+
+def test_the_stand_in_finds_ids_without_scanning_and_answers_as_mongoeco(mongo_uri):
+    """scripts/mongo_standin.py: `_id` equality and `$in` of string ids (found or not) consider only
+    the documents with those ids; mongoeco's memory engine considered the whole collection."""
+    import json
+    import subprocess
+
+    from cluster import REPO
+
+    done = subprocess.run([str(REPO / ".venv-mongo" / "bin" / "python"), "-c", STANDIN_CHECK], cwd=REPO,
+                          capture_output=True, text=True, timeout=300, check=True)
+    ((plain, scanned), (patched, considered)) = json.loads(done.stdout)
+    assert patched == plain == [["k2", "k7"], ["k7"], ["k3"], None, "int", "new", 1, 1]
+    assert scanned > 2000 and considered <= 12
