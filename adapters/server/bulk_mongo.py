@@ -40,7 +40,7 @@ from jaclang.runtimelib.utils import to_uuid
 __all__ = ["BULK_BATCH", "BulkMongoBackend"]
 
 # Operations in one bulk write (a stage with more is sent in several, giving way between them).
-BULK_BATCH = 500
+BULK_BATCH = 100
 
 
 class BulkMongoBackend(MongoBackend):
