@@ -1,10 +1,12 @@
 """jac-scale's MongoDB store (`MongoBackend`) with a call's documents written in bulk. jac-scale's
 `apply` writes one document per anchor, each its own round trip and its own command in MongoDB: a
-40,000-message ingestion creates about 140,000 anchors. `BulkMongoBackend.apply` sends each stage's
+big ingestion creates several anchors per message. `BulkMongoBackend.apply` sends each stage's
 creates, field updates and deletes in `bulk_write`s of BULK_BATCH unordered operations, the same
 operation each as jac-scale's (an upsert of the whole document for a create, a `$set` of the changed
 fields, a delete by id), and gives way to the server's other calls between them
-(engine/courtesy.jac). The server plugin's `get_persistent_memory` (adapters/server/plugin.py)
+(engine/courtesy.jac). On the one-process MongoDB stand-in this shortened a 10,000-message call
+(x0.57-0.68) and lengthened the other users' waits (docs/performance.md, "Many users on MongoDB
+and Redis"). The server plugin's `get_persistent_memory` (adapters/server/plugin.py)
 answers with it where MongoDB is configured, as it answers with the SQLite store otherwise.
 
 What stays jac-scale's, unchanged:
