@@ -10,6 +10,7 @@ one call. Prints the big call's time and status, and the others' calls: how many
 Each ordinary user waits `--pause` seconds (default 1) before each call, as an agent waits for its
 model: without it 30 users saturate the two cores on their own.
 `--checkout` serves another checkout's Jac modules with its venv's `jac` (a before/after run);
+`--alternate PATH` serves that checkout too, run after run with `--checkout`'s, in each round;
 `--switch-intervals default,1,0.5 --rounds 2` serves each GIL switch interval in turn (`default`: the server's
 default), twice, and ends with a table of the runs.
 `--scale-out` serves from jac-scale's MongoDB and Redis instead of the embedded SQLite store: each
@@ -201,7 +202,7 @@ def scale_out_stores(folder: Path) -> dict[str, str]:
     return {"MONGODB_URI": found["MONGODB_URI"].strip('"'), "REDIS_URL": found["REDIS_URL"]}
 
 
-def one_run(args: argparse.Namespace, body: str, label: str, env: dict[str, str]) -> dict:
+def one_run(args: argparse.Namespace, body: str, label: str, env: dict[str, str], checkout: Path) -> dict:
     """One server, the others' calls before, during and after one big call; printed, and the figures returned."""
     from jacserver import JacServer
 
@@ -215,8 +216,8 @@ def one_run(args: argparse.Namespace, body: str, label: str, env: dict[str, str]
             env = {**env, "PYTHONPATH": str(Path(folder) / "probe"), "SHARED_SERVER_BENCH_GC_LOG": str(gc_log)}
         if args.scale_out:
             env = {**env, **scale_out_stores(Path(folder) / "stores")}
-        server = JacServer(Path(folder) / "server", checkout=args.checkout.resolve(),
-                           jac=args.checkout.resolve() / ".venv" / "bin" / "jac", **env)
+        server = JacServer(Path(folder) / "server", checkout=checkout.resolve(),
+                           jac=checkout.resolve() / ".venv" / "bin" / "jac", **env)
         try:
             server.start()
             calls, stop = Calls(args.pause), threading.Event()
@@ -276,6 +277,9 @@ def one_run(args: argparse.Namespace, body: str, label: str, env: dict[str, str]
                 print(f"big call from {began + shift:.3f} to {ended + shift:.3f} (wall clock); calls in {args.calls_log}")
             log = server.log.read_text(errors="replace")
             print(f"'database is locked' in the server log: {log.count('database is locked')} times", flush=True)
+            if args.scale_out:
+                print(f"'MongoDB apply' errors / 'Traceback' in the server log: {log.count('MongoDB apply')} / "
+                      f"{log.count('Traceback')}", flush=True)
         finally:
             server.stop()
             if args.scale_out:
@@ -303,6 +307,7 @@ def main() -> None:
                         help="comma-separated CONTEXTRENDER_SWITCH_INTERVAL values (ms) served in turn, "
                              "'default' for the server's default: e.g. default,1,0.5")
     parser.add_argument("--rounds", type=int, default=1, help="times each setting is run, alternated")
+    parser.add_argument("--alternate", type=Path, help="also serve this checkout, run after run with --checkout's (a before/after)")
     parser.add_argument("--calls-log", type=Path,
                         help="write every ordinary call here, one line each: wall-clock start, seconds, status, kind "
                              "(the last run's; to line up a stall with the server's log or a profile)")
@@ -316,11 +321,14 @@ def main() -> None:
     settings = [s.strip() for s in args.switch_intervals.split(",") if s.strip()] or ["default"]
     body = json.dumps({"session_id": "big", "messages": big_session(args.messages)})
     results = []
+    checkouts = [args.checkout] + ([args.alternate] if args.alternate else [])
     for round_ in range(1, args.rounds + 1):
         for setting in settings:
-            env = {} if setting == "default" else {"CONTEXTRENDER_SWITCH_INTERVAL": setting}
-            label = f"round {round_}, switch interval {setting if setting == 'default' else setting + ' ms'}"
-            results.append(one_run(args, body, label, env))
+            for checkout in checkouts:
+                env = {} if setting == "default" else {"CONTEXTRENDER_SWITCH_INTERVAL": setting}
+                label = f"round {round_}, switch interval {setting if setting == 'default' else setting + ' ms'}"
+                label += f", {checkout}" if args.alternate else ""
+                results.append(one_run(args, body, label, env, checkout))
     if len(results) > 1:
         print("\n| run | big call | others' 5xx | on sessions while it ran: calls, p50 / p95 | around its end: p50 / p95 "
               "| before it: p50 / p95 | load |")

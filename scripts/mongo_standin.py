@@ -12,6 +12,8 @@ import asyncio
 import signal
 
 from mongoeco.core.aggregation.extensions import register_aggregation_expression_operator
+from mongoeco.core.query_plan import AndCondition, EqualsCondition, InCondition
+from mongoeco.engines._memory_collection import MemoryCollection
 from mongoeco.engines.memory import MemoryEngine
 from mongoeco.engines.sqlite import SQLiteEngine
 from mongoeco.wire.proxy import AsyncMongoEcoProxyServer
@@ -28,8 +30,47 @@ def _not(document, spec, variables, dialect, context):
     return not (value is not context.missing_sentinel and dialect.expression_truthy(value))
 
 
+def _ids_found_at_once() -> None:
+    """mongoeco 4.11's memory engine finds a document by `_id` in its storage dict only when the
+    filter is `{_id: X}` and X is stored. A new `_id` (every upsert that creates a document) and
+    `{_id: {$in: [...]}}` (jac-scale's batch reads and its version check before each commit) fell
+    back to matching the filter against every document of the collection: 17 writes a second at
+    13,000 documents, a 5-id read 360 ms at 12,000, the stand-in serving nothing else meanwhile
+    (docs/performance.md, "Many users on MongoDB and Redis"). For string ids (jac-scale's) and no
+    collation (MongoDB's `_id` equality is exact) the candidates are the stored documents with
+    those ids, in the collection's natural order, as MongoDB's `_id` index answers; the engine
+    still matches the whole filter against each."""
+    original = MemoryEngine._candidate_items_for_plan_locked
+
+    def candidates(self, coll, query_plan, *, collation, natural_order_limit=None, **options):
+        wanted = _wanted_ids(query_plan)
+        if wanted is None or collation is not None or not isinstance(coll, (dict, MemoryCollection)):
+            return original(self, coll, query_plan, collation=collation, natural_order_limit=natural_order_limit, **options)
+        keys = {self._storage_key(value) for value in wanted}
+        if isinstance(coll, MemoryCollection):
+            ordered = coll.ordered_keys(keys, limit=natural_order_limit)
+        else:
+            ordered = [key for key in coll if key in keys]
+        return [(key, coll[key]) for key in ordered]
+
+    MemoryEngine._candidate_items_for_plan_locked = candidates
+
+
+def _wanted_ids(query_plan) -> list[str] | None:
+    """The string ids a filter's `_id` equality or `$in` (alone, or in a top-level `$and`) allows;
+    None for any other filter."""
+    clauses = query_plan.clauses if isinstance(query_plan, AndCondition) else (query_plan,)
+    for clause in clauses:
+        if isinstance(clause, EqualsCondition) and clause.field == "_id" and isinstance(clause.value, str):
+            return [clause.value]
+        if isinstance(clause, InCondition) and clause.field == "_id" and all(isinstance(v, str) for v in clause.values):
+            return list(clause.values)
+    return None
+
+
 async def serve(host: str, port: int, sqlite: str | None) -> None:
     register_aggregation_expression_operator("$not", _not)
+    _ids_found_at_once()
     engine = SQLiteEngine(sqlite) if sqlite else MemoryEngine()
     server = AsyncMongoEcoProxyServer(engine=engine, host=host, port=port)
     stop = asyncio.Event()

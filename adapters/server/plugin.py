@@ -11,6 +11,7 @@ entry (docs/design-decisions.md, "One name, two faces")."""
 
 from __future__ import annotations
 
+import os
 from importlib.util import find_spec
 from typing import Any
 
@@ -36,10 +37,16 @@ class ServerPlugin:
     @staticmethod
     @hookimpl
     def get_persistent_memory(config: dict) -> Any:
-        """The SQLite store with a busy timeout and short commits (adapters/store.py); nothing
-        with MongoDB configured (jac-scale's backend)."""
+        """The SQLite store with a busy timeout and short commits (adapters/store.py); with MongoDB
+        configured, jac-scale's backend writing a call's documents in bulk (bulk_mongo.py), or
+        nothing where MongoDB does not answer (jac-scale then falls back as it does)."""
         from contextrender.store import StorePlugin
 
+        if not config.get("db_path") and _mongodb_configured():
+            from contextrender.server.bulk_mongo import BulkMongoBackend
+
+            backend = BulkMongoBackend()
+            return backend if backend.is_available() else None
         return StorePlugin.get_persistent_memory(config)
 
     @staticmethod
@@ -79,6 +86,13 @@ class ServerPlugin:
         from contextrender.server.accounts import user_manager_class
 
         return user_manager_class()(base_path=base_path)
+
+
+def _mongodb_configured() -> bool:
+    """Whether jac-scale keeps the graph in MongoDB (MONGODB_URI, or jac.toml's mongodb_uri)."""
+    from jac_scale.config_loader import get_scale_config
+
+    return bool(os.environ.get("MONGODB_URI") or get_scale_config().get_database_config().get("mongodb_uri"))
 
 
 def register_server() -> bool:
