@@ -228,6 +228,22 @@ def tool_rounds(n: int) -> list[dict]:
     return messages
 
 
+@pytest.fixture
+def big_flush(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[list[dict], Engine, Engine]:
+    """Twelve tool rounds stored in one call by an Engine ("whole"), and a second Engine whose
+    session holds only their task so far and whose big flushes write ahead in batches of five:
+    (the messages, the whole one, the second one)."""
+    from contextrender import store
+
+    messages = tool_rounds(12)
+    whole = Engine(tmp_path / "whole")
+    whole.ingest("s", messages)
+    monkeypatch.setattr(store, "WRITE_AHEAD_BATCH", 5)
+    ahead = Engine(tmp_path / "ahead")
+    ahead.ingest("s", messages[:1])
+    return (messages, whole, ahead)
+
+
 def pytest_terminal_summary(terminalreporter) -> None:
     """The time each test module took (setup, call and teardown of its tests; the slowest first),
     so that a suite that grows toward CI's limit shows where the time goes."""

@@ -268,13 +268,8 @@ def _rows(engine: Engine) -> int:
         return conn.execute("SELECT count(*) FROM anchors").fetchone()[0]
 
 
-def test_a_big_flush_writes_its_new_rows_ahead_in_short_transactions(tmp_path, monkeypatch):
-    messages = tool_rounds(12)
-    whole = Engine(tmp_path / "whole")
-    whole.ingest("s", messages)
-    monkeypatch.setattr(store, "WRITE_AHEAD_BATCH", 5)
-    ahead = Engine(tmp_path / "ahead")
-    ahead.ingest("s", messages[:1])
+def test_a_big_flush_writes_its_new_rows_ahead_in_short_transactions(big_flush, monkeypatch):
+    (messages, whole, ahead) = big_flush
     began: list[str] = []
     connect = sqlite3.connect
 

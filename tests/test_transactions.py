@@ -99,16 +99,11 @@ def test_every_write_transaction_of_a_big_flush_begins_with_its_turn_held(tmp_pa
     assert len(began) > 10 and began == [1] * len(began)  # written ahead in batches, then the flush: each in its turn
 
 
-def test_a_big_flush_walks_only_the_intents_it_did_not_write_ahead(tmp_path, monkeypatch):
+def test_a_big_flush_walks_only_the_intents_it_did_not_write_ahead(big_flush, monkeypatch):
     """jaclang's transaction walked every intent of a big flush, the ones written ahead too (a
     no-op each, 140,000 for a 40,000-message call, the write lock held meanwhile). It now walks
     the others; the report names every intent applied, in jaclang's order, as before."""
-    messages = tool_rounds(12)
-    whole = Engine(tmp_path / "whole")
-    whole.ingest("s", messages)
-    monkeypatch.setattr(store, "WRITE_AHEAD_BATCH", 5)
-    engine = Engine(tmp_path / "store")
-    engine.ingest("s", messages[:1])
+    (messages, whole, engine) = big_flush
     walked, reports, staged = [], [], []
     apply_one, apply = store.jac_memory.SqliteMemory._apply_one, store.SharedSqliteStore._apply
 
