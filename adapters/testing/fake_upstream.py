@@ -81,11 +81,8 @@ def strings(value: Any) -> Iterator[str]:
     """Every string in a request's JSON (texts, a tool result's content or output), in order."""
     if isinstance(value, str):
         yield value
-    elif isinstance(value, dict):
-        for v in value.values():
-            yield from strings(v)
-    elif isinstance(value, list):
-        for v in value:
+    elif isinstance(value, (dict, list)):
+        for v in (value.values() if isinstance(value, dict) else value):
             yield from strings(v)
 
 
