@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import threading
 import time
+import types
 
 import pytest
 
@@ -27,6 +28,15 @@ def courtesy():
     courtesy.CALLS.running = running
 
 
+def _counted_sleeps(courtesy, monkeypatch) -> list[float]:
+    """The seconds each wait of engine/courtesy.jac asks for, counted, not slept. Its own `time`
+    only: the process's `time.sleep` patched would count (and spin) other threads' sleeps too, as
+    pymongo's monitor threads left by an earlier test's clients did (0.5 s each, millions)."""
+    sleeps: list[float] = []
+    monkeypatch.setattr(courtesy, "time", types.SimpleNamespace(monotonic=time.monotonic, sleep=sleeps.append))
+    return sleeps
+
+
 def _compute_for(seconds: float) -> float:
     """Steps of a pass for `seconds` of computing; the seconds it took."""
     start = time.monotonic()
@@ -41,8 +51,7 @@ def _compute_for(seconds: float) -> float:
 
 
 def test_a_call_alone_never_waits(courtesy, monkeypatch):
-    sleeps: list[float] = []
-    monkeypatch.setattr(courtesy.time, "sleep", sleeps.append)
+    sleeps = _counted_sleeps(courtesy, monkeypatch)
     _compute_for(courtesy.LONG + 0.2)
     assert sleeps == []
 
@@ -50,8 +59,7 @@ def test_a_call_alone_never_waits(courtesy, monkeypatch):
 def test_a_short_call_or_an_in_process_one_never_waits_beside_others(courtesy, monkeypatch):
     # Counted, not timed: on a loaded machine a short call's wall time says little (a call
     # preempted between its steps for LONG seconds is a long one by the clock, and gives way).
-    sleeps: list[float] = []
-    monkeypatch.setattr(courtesy.time, "sleep", sleeps.append)
+    sleeps = _counted_sleeps(courtesy, monkeypatch)
     courtesy.CALLS.enter()  # another call, in progress throughout
     try:
         _compute_for(courtesy.LONG * 0.3)
@@ -238,8 +246,7 @@ def test_a_background_pass_is_a_long_call_from_the_start(courtesy, monkeypatch):
     turn = courtesy.background_pass()
     assert courtesy.CALLS.running == running + 1 and turn.long
     assert gc.get_threshold()[2] == courtesy.HELD_FULL_THRESHOLD
-    sleeps: list[float] = []
-    monkeypatch.setattr(courtesy.time, "sleep", sleeps.append)
+    sleeps = _counted_sleeps(courtesy, monkeypatch)
     token = courtesy.TURN.set(turn)
     try:
         turn.last = 0.0  # its last turn long past
