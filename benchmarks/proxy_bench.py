@@ -30,6 +30,7 @@ import argparse
 import json
 import logging
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -176,6 +177,7 @@ def measure(args: argparse.Namespace, checkout: Path, pairs: list, messages: lis
         for process in (proxy, upstream):
             process.terminate()
             process.wait(timeout=20)
+        shutil.rmtree(store, ignore_errors=True)  # the run's store (each run left one behind)
     sent = conversation.size(conversation.body())
     results = args.results + args.requests
     print(f"proxy overhead ({args.protocol}, {conversation.path}), {args.requests} requests, session of {args.results} -> {results} results, "
