@@ -17,15 +17,25 @@ from conftest import db_file, tool_rounds
 from contextrender import Engine, store
 
 WRITES = {"insert", "update", "delete", "findAndModify"}
+OPENED: list = []  # the clients this module opens, closed when it ends (their monitor threads with them)
 
 
 @pytest.fixture(scope="module")
 def mongo_uri(tmp_path_factory):
     """The stand-in alone (with Redis, unused here), for this module."""
+    from jac_scale.memory_hierarchy import _process_cache
+
     stores = Cluster(tmp_path_factory.mktemp("bulk_mongo"), servers=0)
+    had_client = "mongo_client" in _process_cache
     try:
         yield stores.start().state["MONGODB_URI"]
     finally:
+        # jac-scale keeps one client a process: the one made for the stand-in goes with it.
+        if not had_client and "mongo_client" in _process_cache:
+            OPENED.append(_process_cache.pop("mongo_client"))
+        for client in OPENED:
+            client.close()
+        OPENED.clear()
         stores.stop()
 
 
@@ -64,6 +74,7 @@ def backend(kind: type, uri: str, collection: str) -> tuple:
     commands = Commands()
     made = kind(mongo_url=uri, collection_name=collection)
     made.client = MongoClient(uri, event_listeners=[commands])
+    OPENED.append(made.client)
     made.db = made.client[made.db_name]
     made.collection = made.db[collection]
     commands.names.clear()
