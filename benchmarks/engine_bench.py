@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -28,6 +29,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from checkouts import REPO, in_turn, run_in, without
 from contextrender import Engine
 
 TRACES = Path(__file__).resolve().parent.parent.parent / "shared" / "traces"
@@ -190,18 +192,11 @@ def run_row(row: str, pairs: list[tuple[dict, dict]], store: Path) -> str:
 
 def alternate(args: argparse.Namespace) -> None:
     """This checkout's rows and `args.checkout`'s, in turn, `args.alternate` times each."""
-    own, skip = [], False
-    for arg in sys.argv[1:]:
-        if not skip and arg.split("=")[0] not in ("--checkout", "--alternate"):
-            own.append(arg)
-        skip = not skip and arg in ("--checkout", "--alternate")
+    own = without(sys.argv[1:], "--checkout", "--alternate")
     for round_ in range(args.alternate):
-        for (name, python, folder) in sorted([("this checkout", sys.executable, Path.cwd()),
-                                              (str(args.checkout), str(args.checkout / ".venv" / "bin" / "python"), args.checkout)],
-                                             reverse=bool(round_ % 2)):
-            load = " ".join(f"{x:.1f}" for x in __import__("os").getloadavg())
-            child = subprocess.run([python, __file__, *own], cwd=folder, capture_output=True, text=True, check=True)
-            for line in child.stdout.splitlines():
+        for (name, folder) in in_turn(round_, ("this checkout", REPO), (str(args.checkout), args.checkout)):
+            load = " ".join(f"{x:.1f}" for x in os.getloadavg())
+            for line in run_in(folder, __file__, own).splitlines():
                 print(f"round {round_ + 1}, {name} (load {load}): {line}", flush=True)
 
 

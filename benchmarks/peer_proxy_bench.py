@@ -45,8 +45,8 @@ from pathlib import Path
 
 import httpx
 
-REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from checkouts import REPO, in_turn, program, run_in  # noqa: E402
 from proxy_bench import cpu_seconds, percentile, wait_up  # noqa: E402
 
 from contextrender.testing.fake_upstream import FakeUpstream, free_port  # noqa: E402
@@ -75,12 +75,10 @@ def conversations(count: int) -> list[tuple[str, list[dict]]]:
 
 def start(name: str, upstream_url: str, port: int, budget: int, state: Path, checkout: Path | None = None) -> subprocess.Popen:
     if name != "ctxkeeper":
-        python = str(checkout / ".venv" / "bin" / "python") if name == "checkout" and checkout else sys.executable
-        command = [python, "-m", "contextrender.cli", "proxy", "--upstream", f"{upstream_url}/v1",
+        folder = checkout.resolve() if name == "checkout" and checkout else REPO
+        command = [program(folder), "-m", "contextrender.cli", "proxy", "--upstream", f"{upstream_url}/v1",
                    "--budget", str(budget), "--port", str(port)]
         env = dict(os.environ, CONTEXTRENDER_STORE=str(state))
-        # Run in the checkout's folder: jaclang finds the Jac modules of the folder it runs in first.
-        folder = checkout if name == "checkout" and checkout else REPO
         return subprocess.Popen(command, env=env, cwd=folder, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
     command = [str(ctxkeeper_command()), "--upstream", upstream_url, "--host", "127.0.0.1", "--port", str(port),
                "--budget", str(budget), "--state-dir", str(state)]
@@ -176,14 +174,13 @@ def main() -> None:
     talks = conversations(args.conversations)
     if args.engine_only:
         for round_ in range(1, args.rounds + 1):
-            for name in (["this checkout", "checkout"] if round_ % 2 else ["checkout", "this checkout"]):
+            for name in in_turn(round_ - 1, "this checkout", "checkout"):
                 if name == "checkout" and not args.checkout:
                     continue
                 if name == "checkout":
-                    child = subprocess.run([str(args.checkout / ".venv" / "bin" / "python"), __file__, "--engine-only", "--rounds", "1",
-                                            "--conversations", str(args.conversations), "--budget", str(args.budget)],
-                                           cwd=args.checkout, capture_output=True, text=True, check=True)
-                    print(f"round {round_}, {args.checkout}: {child.stdout.strip().split(': ', 1)[1]}", flush=True)
+                    printed = run_in(args.checkout, __file__, ["--engine-only", "--rounds", "1", "--conversations",
+                                                              str(args.conversations), "--budget", str(args.budget)])
+                    print(f"round {round_}, {args.checkout}: {printed.strip().split(': ', 1)[1]}", flush=True)
                     continue
                 row = engine_only(args.budget, talks)
                 print(f"round {round_}, {REPO}: {row['requests']} requests, Engine CPU per request {row['render_ms'] + row['ingest_ms']:.2f} ms "
@@ -196,9 +193,7 @@ def main() -> None:
     ctxkeeper_command()
     with FakeUpstream() as fake:
         for round_ in range(1, args.rounds + 1):
-            # Each round starts with the next proxy: each runs first, second and so on in turn.
-            shift = (round_ - 1) % len(names)
-            for name in names[shift:] + names[:shift]:
+            for name in in_turn(round_ - 1, *names):
                 fake.requests.clear()
                 row = replay(name, fake, args.budget, talks, args.checkout, args.unnamed)
                 figures[name].append(row)

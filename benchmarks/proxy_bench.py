@@ -41,6 +41,7 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from checkouts import REPO, in_turn, program  # noqa: E402
 from engine_bench import history, trace_turns  # noqa: E402
 
 from contextrender.testing.fake_upstream import free_port  # noqa: E402
@@ -124,9 +125,6 @@ def percentile(samples: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))] * 1000
 
 
-REPO = Path(__file__).resolve().parent.parent
-
-
 def measure(args: argparse.Namespace, checkout: Path, pairs: list, messages: list[dict]) -> dict:
     """One run: a fresh fake upstream and the proxy of `checkout` (its .venv, in its folder) on a
     fresh store; the client plays the agent loop. The figures, printed and returned."""
@@ -139,9 +137,8 @@ def measure(args: argparse.Namespace, checkout: Path, pairs: list, messages: lis
         [sys.executable, "-m", "contextrender.testing.fake_upstream", "--port", str(upstream_port), "--tool", "bash"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
     )
-    # Run in the checkout's folder: jaclang finds the Jac modules of the folder it runs in first.
     proxy = subprocess.Popen(
-        [str(checkout / ".venv" / "bin" / "python") if checkout != REPO else sys.executable, "-m", "contextrender.cli", "proxy",
+        [program(checkout), "-m", "contextrender.cli", "proxy",
          "--upstream", f"{upstream_url}/v1", "--budget", str(args.budget), "--port", str(proxy_port), "--selector", args.selector],
         env=env, cwd=checkout, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
     )
@@ -211,7 +208,7 @@ def main() -> None:
     other = args.checkout.resolve()
     runs: dict[Path, list[dict]] = {REPO: [], other: []}
     for pair in range(args.alternate):
-        for checkout in ([REPO, other] if pair % 2 == 0 else [other, REPO]):
+        for checkout in in_turn(pair, REPO, other):
             runs[checkout].append(measure(args, checkout, pairs, messages))
     medians = {c: {k: statistics.median(r[k] for r in rs) for k in ("p50", "cpu")} for (c, rs) in runs.items()}
     for (checkout, figures) in medians.items():

@@ -40,7 +40,9 @@ from pathlib import Path
 
 import httpx
 
-REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from checkouts import REPO, program  # noqa: E402
+
 sys.path.insert(0, str(REPO / "tests"))
 
 PASSWORD = "a-Bench-password-9"
@@ -216,8 +218,7 @@ def one_run(args: argparse.Namespace, body: str, label: str, env: dict[str, str]
             env = {**env, "PYTHONPATH": str(Path(folder) / "probe"), "SHARED_SERVER_BENCH_GC_LOG": str(gc_log)}
         if args.scale_out:
             env = {**env, **scale_out_stores(Path(folder) / "stores")}
-        server = JacServer(Path(folder) / "server", checkout=checkout.resolve(),
-                           jac=checkout.resolve() / ".venv" / "bin" / "jac", **env)
+        server = JacServer(Path(folder) / "server", checkout=checkout.resolve(), jac=Path(program(checkout, "jac")), **env)
         try:
             server.start()
             calls, stop = Calls(args.pause), threading.Event()
