@@ -24,7 +24,9 @@ which it stores; the last answer of a conversation, never re-sent, ingested alon
 request's events with its report), and prints the CPU time of each per request, and the median
 render's by mode (append, re-render, passthrough); with `--checkout`, alternated with the same run
 in a process of that checkout (its .venv, in its folder: an older checkout's proxy made two calls
-a request, the render and the answer's ingestion).
+a request, the render and the answer's ingestion), each round of each checkout in a fresh process
+(until 2026-12-07 this checkout's rounds ran in one process, warmed by its first round: its
+ratios to the other leaned its way), and the medians and their ratio at the end.
 
 `--checkout PATH` adds a third proxy, ContextRender from another checkout (run by that checkout's
 .venv), alternated with the two others in every round: a before/after comparison in one run.
@@ -36,6 +38,7 @@ import argparse
 import json
 import logging
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -160,6 +163,30 @@ def engine_only(budget: int, talks: list[tuple[str, list[dict]]]) -> dict:
             "modes": {mode: (len(times), statistics.median(times) * 1000) for mode, times in sorted(by_mode.items())}}
 
 
+def engine_rounds(args: argparse.Namespace, talks: list[tuple[str, list[dict]]]) -> None:
+    """`--engine-only`: the rounds in this process; with `--checkout`, each round of each checkout in
+    a fresh process of its own, alternated (in one process, the rounds after the first meet the
+    caches the first warmed: a checkout run that way is favoured against one started afresh)."""
+    if not args.checkout:
+        for round_ in range(1, args.rounds + 1):
+            row = engine_only(args.budget, talks)
+            print(f"round {round_}, {REPO}: {row['requests']} requests, Engine CPU per request {row['render_ms'] + row['ingest_ms']:.2f} ms "
+                  f"(the render {row['render_ms']:.2f}, the answer's ingestion {row['ingest_ms']:.2f}; the render by mode: "
+                  + ", ".join(f"{mode} {n} median {ms:.2f} ms" for mode, (n, ms) in row["modes"].items()) + ")  "
+                  f"(load {os.getloadavg()[0]:.1f})", flush=True)
+        return
+    one_round = ["--engine-only", "--rounds", "1", "--conversations", str(args.conversations), "--budget", str(args.budget)]
+    cpu: dict[Path, list[float]] = {REPO: [], args.checkout.resolve(): []}
+    for round_ in range(1, args.rounds + 1):
+        for folder in in_turn(round_ - 1, *cpu):
+            printed = run_in(folder, __file__, one_round).strip().split(": ", 1)[1]
+            print(f"round {round_}, {folder}: {printed}", flush=True)
+            cpu[folder].append(float(re.search(r"Engine CPU per request ([0-9.]+) ms", printed).group(1)))
+    (ours, theirs) = (statistics.median(figures) for figures in cpu.values())
+    print(f"Engine CPU per request, medians of {args.rounds} fresh processes each: {REPO} {ours:.2f} ms, "
+          f"{args.checkout} {theirs:.2f} ms, this checkout / it x{ours / theirs:.2f}", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--conversations", type=int, default=4)
@@ -173,20 +200,7 @@ def main() -> None:
     logging.getLogger("httpx").setLevel(logging.WARNING)
     talks = conversations(args.conversations)
     if args.engine_only:
-        for round_ in range(1, args.rounds + 1):
-            for name in in_turn(round_ - 1, "this checkout", "checkout"):
-                if name == "checkout" and not args.checkout:
-                    continue
-                if name == "checkout":
-                    printed = run_in(args.checkout, __file__, ["--engine-only", "--rounds", "1", "--conversations",
-                                                              str(args.conversations), "--budget", str(args.budget)])
-                    print(f"round {round_}, {args.checkout}: {printed.strip().split(': ', 1)[1]}", flush=True)
-                    continue
-                row = engine_only(args.budget, talks)
-                print(f"round {round_}, {REPO}: {row['requests']} requests, Engine CPU per request {row['render_ms'] + row['ingest_ms']:.2f} ms "
-                      f"(the render {row['render_ms']:.2f}, the answer's ingestion {row['ingest_ms']:.2f}; the render by mode: "
-                      + ", ".join(f"{mode} {n} median {ms:.2f} ms" for mode, (n, ms) in row["modes"].items()) + ")  "
-                      f"(load {os.getloadavg()[0]:.1f})", flush=True)
+        engine_rounds(args, talks)
         return
     names = ["contextrender", "ctxkeeper"] + (["checkout"] if args.checkout else [])
     figures: dict[str, list[dict]] = {name: [] for name in names}
