@@ -34,7 +34,7 @@ from jaclang.runtimelib.exceptions import WriteConflict  # noqa: E402
 from jaclang.runtimelib.serializer import Serializer  # noqa: E402
 from jaclang.runtimelib.typecache import get_field_types  # noqa: E402
 
-from contextrender.rows import INSERT_ROW, id_text, row_time, serialised_value  # noqa: E402
+from contextrender.rows import INSERT_ROW, id_text, row_time, serialised_value, value_text  # noqa: E402
 
 __all__ = ["merge_edge_ids", "merge_stored_text"]
 
@@ -105,6 +105,12 @@ def _tail(edges: list[str], version: int) -> str:
     return '"edges": ' + json.dumps(edges) + ', "version": ' + json.dumps(version) + "}"
 
 
+def _id_tail(edges: list[str], version: int) -> str:
+    """`_tail` for edge ids as `str(UUID)` writes them (hex digits and dashes: no escapes), without
+    `json.dumps` (a Python call, its encoder made anew, for each list)."""
+    return ('"edges": ["' + '", "'.join(edges) + '"], "version": ' if edges else '"edges": [], "version": ') + value_text(version) + "}"
+
+
 def _head(seen: _Seen) -> str | None:
     """The text of `seen`'s row before its edge list, when its text is `json.dumps` of its parse
     with the edge list and the version last (so a new edge list and version can follow it)."""
@@ -144,18 +150,25 @@ def merge_edge_ids(conn: sqlite3.Connection, key: str, stored: tuple, added_ids:
     text_of = dict(zip(stored_ids, texts))
     for id in added_ids:
         text_of[id.int] = id_text(id)
-    # NodeAnchor.edge_delta on the node as loaded, the new edges appended.
-    initial = set(frozenset(stored_ids))  # (a list is iterated as a generator is: the same set)
-    current = set(e for e in stored_ids + [id.int for id in added_ids])
-    (added, removed) = (set(current - initial), set(initial - current))
-    merged = list((set(stored_ids) | added) - removed)
+    new = [id.int for id in added_ids]
+    stored_set = set(stored_ids)
+    if len(new) == 1 and new[0] not in stored_set:
+        # The usual link: one edge that is not stored. The delta below is then ({it}, {}): what
+        # is stored stays, so nothing is removed.
+        (added, removed) = ({new[0]}, set())
+    else:
+        # NodeAnchor.edge_delta on the node as loaded, the new edges appended.
+        initial = set(frozenset(stored_ids))  # (a list is iterated as a generator is: the same set)
+        current = set(stored_ids + new)
+        (added, removed) = (set(current - initial), set(initial - current))
+    merged = list((stored_set | added) - removed)
     data = dict(seen.data)
     data["edges"] = [text_of[e] for e in merged]
     if added or removed:
         data["version"] += 1
     # The row's text up to its edge list is the stored one: only what follows is written anew.
     head = seen.head if seen.head is not None or seen.ints is not None else _head(seen)
-    text = head + _tail(data["edges"], data["version"]) if head is not None else json.dumps(data)
+    text = head + _id_tail(data["edges"], data["version"]) if head is not None else json.dumps(data)
     conn.execute(INSERT_ROW, (key, "NodeAnchor", arch_module, arch_type, stored[3], text,
                               jac_memory.SQLITE_DB_FORMAT_VERSION, row_time()))
     _remember(key, _Seen(text, data, merged, head))

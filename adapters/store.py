@@ -57,15 +57,14 @@ from jaclang.runtimelib.changeset import ChangeSet, WriteIntent  # noqa: E402
 from contextrender.by_id import links_by_id, merge_by_id  # noqa: E402
 from contextrender.merges import merge_stored_text  # noqa: E402
 from contextrender.rows import INSERT_ROW as _INSERT, anchor_row, forget_id_texts, id_text, time_rows  # noqa: E402
-from contextrender.transactions import with_written, without_written, write_turn  # noqa: E402
+from contextrender.transactions import in_blocks, with_written, without_written, write_turn  # noqa: E402
 
-__all__ = ["LENDER", "SharedSqliteStore", "StorePlugin", "busy_timeout", "file_key", "in_blocks", "install", "release"]
+__all__ = ["LENDER", "SharedSqliteStore", "StorePlugin", "busy_timeout", "file_key", "in_blocks", "install", "mongodb_configured",
+           "release"]
 
 DEFAULT_BUSY_TIMEOUT = 120.0
 # jaclang's insert of a new row, only where no row with its id is stored (a create's first branch).
 _INSERT_NEW = _INSERT.replace("INSERT OR REPLACE", "INSERT OR IGNORE")
-# Ids bound to one `IN (...)` list (within the 999 parameters a statement of an older SQLite takes).
-ID_BLOCK = 500
 # A flush creating more rows than this writes them ahead in transactions of this many.
 WRITE_AHEAD_BATCH = 2000
 _TABLES = ("anchors", "anchors_quarantine", "schema_meta", "aliases")
@@ -106,16 +105,6 @@ def release(path: str | os.PathLike[str]) -> None:
         kept = _idle.pop(str(path), [])
     for (conn, _) in kept:
         conn.close()
-
-
-def in_blocks(conn: sqlite3.Connection, sql: str, ids: list[str], params: tuple = ()) -> list:
-    """The rows of `sql` run once per block of ID_BLOCK `ids`: its "(?ids)" is the block's
-    placeholders (an `IN (...)` list), followed by `params`."""
-    found: list = []
-    for start in range(0, len(ids), ID_BLOCK):
-        block = ids[start:start + ID_BLOCK]
-        found += conn.execute(sql.replace("(?ids)", f"({', '.join('?' * len(block))})"), (*block, *params)).fetchall()
-    return found
 
 
 @contextlib.contextmanager
@@ -377,14 +366,23 @@ class StorePlugin:
             return SharedSqliteStore(path=str(path))
         # jac-scale's contexts pass no path: MongoDB when configured (its backend, as before),
         # else its configured SQLite file, as it would open it.
+        if mongodb_configured():
+            return None
         try:
             from jac_scale.config_loader import get_scale_config
         except ImportError:
             return None
-        database = get_scale_config().get_database_config()
-        if os.environ.get("MONGODB_URI") or database.get("mongodb_uri"):
-            return None
-        return SharedSqliteStore(path=str(database["shelf_db_path"]))
+        return SharedSqliteStore(path=str(get_scale_config().get_database_config()["shelf_db_path"]))
+
+
+def mongodb_configured() -> bool:
+    """Whether jac-scale keeps the graph in MongoDB (MONGODB_URI, or jac.toml's mongodb_uri); the
+    store hook above and the server's (adapters/server/plugin.py) answer nothing then."""
+    try:
+        from jac_scale.config_loader import get_scale_config
+    except ImportError:
+        return False
+    return bool(os.environ.get("MONGODB_URI") or get_scale_config().get_database_config().get("mongodb_uri"))
 
 
 _installed: list[StorePlugin] = []

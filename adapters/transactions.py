@@ -18,6 +18,7 @@ bounded by the busy timeout, and a big flush's own transaction without the rows 
   threads filled with them). jaclang's transaction now walks only the others; the rows written
   ahead are reported applied, in jaclang's order, when that transaction committed, and taken back
   as before when it did not.
+- **Statements over many ids** (`in_blocks`): an `IN (...)` list bound ID_BLOCK ids at a time.
 """
 
 from __future__ import annotations
@@ -31,7 +32,10 @@ from typing import Any
 
 from contextrender.locks import Turns
 
-__all__ = ["WRITE_TURNS", "with_written", "without_written", "write_turn"]
+__all__ = ["ID_BLOCK", "WRITE_TURNS", "in_blocks", "with_written", "without_written", "write_turn"]
+
+# Ids bound to one `IN (...)` list (within the 999 parameters a statement of an older SQLite takes).
+ID_BLOCK = 500
 
 WRITE_TURNS = Turns()
 # A forked child (multiprocessing's default on Linux) holds no turn: the threads that held them stay
@@ -51,6 +55,16 @@ def write_turn(conn: sqlite3.Connection, path: str, timeout: float) -> Iterator[
             yield served
         finally:
             conn.execute(f"PRAGMA busy_timeout = {int(timeout * 1000)}")
+
+
+def in_blocks(conn: sqlite3.Connection, sql: str, ids: list[str], params: tuple = ()) -> list:
+    """The rows of `sql` run once per block of ID_BLOCK `ids`: its "(?ids)" is the block's
+    placeholders (an `IN (...)` list), followed by `params`."""
+    found: list = []
+    for start in range(0, len(ids), ID_BLOCK):
+        block = ids[start:start + ID_BLOCK]
+        found += conn.execute(sql.replace("(?ids)", f"({', '.join('?' * len(block))})"), (*block, *params)).fetchall()
+    return found
 
 
 class _Unwritten:

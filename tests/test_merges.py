@@ -149,3 +149,43 @@ def test_the_access_comparison_is_jaclangs():
         texts_equal = json.dumps(stored, sort_keys=True, default=str) == json.dumps(
             {"all": level.value, "roots": {"anchors": {}}}, sort_keys=True, default=str)
         assert merges._same_access(stored, usual) is texts_equal, stored
+
+
+def _merged_as_before(stored_text: str, added: list) -> str:
+    """The row the merge by id wrote before its one-edge path: jaclang's edge delta on the node as
+    loaded (every stored id, the new ones appended), the set merge, the whole row by `json.dumps`."""
+    data = json.loads(stored_text)
+    stored_ids = [uuid.UUID(e) for e in data["edges"]]
+    initial = set(frozenset(stored_ids))
+    current = set(e for e in stored_ids + list(added))
+    (plus, minus) = (set(current - initial), set(initial - current))
+    data["edges"] = [str(e) for e in (set(stored_ids) | plus) - minus]
+    if plus or minus:
+        data["version"] += 1
+    return json.dumps(data)
+
+
+def test_a_merge_by_id_of_one_new_edge_is_the_row_it_wrote_before_and_dumps_nothing(monkeypatch):
+    """The usual merge by id (one new edge, the row remembered) takes the one-edge delta without the
+    edge sets and writes the edge list's text without `json.dumps`; every row, for one edge, several,
+    one already stored and none stored, is byte for byte the row the general path writes."""
+    conn = sqlite3.connect(":memory:")
+    (key, stored) = _stored_result(conn, 0)
+    stored = _merged(conn, key, stored, [uuid.uuid4()], parsed=True)  # remembered from here on
+    dumps = []
+    real_dumps = json.dumps
+    monkeypatch.setattr(merges.json, "dumps", lambda value, *a, **k: dumps.append(value) or real_dumps(value, *a, **k))
+    for round_ in range(40):
+        before = stored[4]
+        stored_ids = [uuid.UUID(e) for e in json.loads(before)["edges"]]
+        added = [[uuid.uuid4()], [uuid.uuid4(), uuid.uuid4()], [stored_ids[0]], [stored_ids[-1], uuid.uuid4()]][round_ % 4]
+        dumps.clear()
+        merged = _merged(conn, key, stored, added, parsed=False)
+        if round_ % 4 == 0:
+            assert dumps == []  # the one-edge path: no json.dumps
+        assert merged[4] == _merged_as_before(before, added)
+        assert merged == _merged(conn, key, stored, added, parsed=True)
+        stored = merged
+    # The edge list's text is json.dumps's, for no edge too, and the version's (a bool as json writes it).
+    for (texts, version) in [([], 3), ([str(uuid.uuid4())], 0), ([str(uuid.uuid4()) for _ in range(5)], True)]:
+        assert merges._id_tail(texts, version) == merges._tail(texts, version)

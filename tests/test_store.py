@@ -360,3 +360,27 @@ def test_the_rows_of_one_flush_are_written_with_one_time(tmp_path):
     assert written > 40 and len(times) == 1
     assert began <= datetime.fromisoformat(times.pop()) <= datetime.now(timezone.utc)
     assert getattr(rows._flush, "time", None) is None  # no flush's time left behind: a row outside one takes the clock's
+
+
+def test_one_check_of_mongodb_answers_both_store_hooks(monkeypatch):
+    """Whether MongoDB keeps the graph is told by one function (`store.mongodb_configured`), which the
+    store's hook and the server's both ask: MONGODB_URI set, neither opens a SQLite store."""
+    from contextrender.server import bulk_mongo
+    from contextrender.server.plugin import ServerPlugin
+
+    monkeypatch.delenv("MONGODB_URI", raising=False)
+    assert not store.mongodb_configured()
+    monkeypatch.setenv("MONGODB_URI", "mongodb://127.0.0.1:9/none")
+    assert store.mongodb_configured()
+    assert store.StorePlugin.get_persistent_memory({}) is None
+    # The server's hook asks the same function: told MongoDB is configured, it answers MongoDB's store.
+    monkeypatch.delenv("MONGODB_URI")
+    monkeypatch.setattr(store, "mongodb_configured", lambda: True)
+
+    class Bulk:
+        def is_available(self) -> bool:
+            return True
+
+    monkeypatch.setattr(bulk_mongo, "BulkMongoBackend", Bulk)
+    assert isinstance(ServerPlugin.get_persistent_memory({}), Bulk)
+    assert store.StorePlugin.get_persistent_memory({"db_path": "/tmp/unused.db"}) is not None

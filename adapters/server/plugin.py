@@ -11,7 +11,6 @@ entry (docs/design-decisions.md, "One name, two faces")."""
 
 from __future__ import annotations
 
-import os
 from importlib.util import find_spec
 from typing import Any
 
@@ -40,9 +39,9 @@ class ServerPlugin:
         """The SQLite store with a busy timeout and short commits (adapters/store.py); with MongoDB
         configured, jac-scale's backend writing a call's documents in bulk (bulk_mongo.py), or
         nothing where MongoDB does not answer (jac-scale then falls back as it does)."""
-        from contextrender.store import StorePlugin
+        from contextrender.store import StorePlugin, mongodb_configured
 
-        if not config.get("db_path") and _mongodb_configured():
+        if not config.get("db_path") and mongodb_configured():
             from contextrender.server.bulk_mongo import BulkMongoBackend
 
             backend = BulkMongoBackend()
@@ -86,13 +85,6 @@ class ServerPlugin:
         from contextrender.server.accounts import user_manager_class
 
         return user_manager_class()(base_path=base_path)
-
-
-def _mongodb_configured() -> bool:
-    """Whether jac-scale keeps the graph in MongoDB (MONGODB_URI, or jac.toml's mongodb_uri)."""
-    from jac_scale.config_loader import get_scale_config
-
-    return bool(os.environ.get("MONGODB_URI") or get_scale_config().get_database_config().get("mongodb_uri"))
 
 
 def register_server() -> bool:
