@@ -278,3 +278,59 @@ def test_a_call_reads_its_context_and_the_topology_index_setting_once(engine, mo
     monkeypatch.setenv("JAC_TOPOLOGY_INDEX", "1")
     summary = engine.ingest("t", messages)
     assert indexed.count("on_node_saved") >= summary.added and indexed.count("on_edge_created") >= summary.added
+
+
+def test_the_passes_place_and_track_the_new_events_without_a_walker_step_each(engine, monkeypatch):
+    # A walker's step (a visit and jaclang's dispatch of its entry ability) cost about 20 µs a
+    # new event, more than placing it: the ingestion and TFA passes loop over the new events.
+    from jaclang.jac0core.runtime import plugin_manager
+
+    visits = []
+    visit = plugin_manager.hook.visit
+    monkeypatch.setattr(plugin_manager.hook, "visit", lambda **arguments: visits.append(1) or visit(**arguments))
+    engine.ingest("few", run(2))
+    few = len(visits)
+    messages = run(20)
+    summary = engine.ingest("s", messages)
+    assert (summary.added, summary.results) == (len(messages) - 1, 20)
+    # The same steps (the walk to the session) for 20 tool rounds as for 2.
+    assert len(visits) - few == few
+    # The chain, the calls, their answers and the reuse are all there.
+    graph = engine.export_graph("s")
+    kinds = [edge["kind"] for edge in graph["edges"]]
+    assert (kinds.count("Next"), kinds.count("Calls"), kinds.count("Answered")) == (len(messages) - 1, 20, 20)
+    assert engine.ingest("s", messages).added == 0
+
+
+def test_a_new_nodes_id_text_is_read_from_its_anchor_not_asked_through_the_dispatch(engine, monkeypatch):
+    # jaclang's `object_ref` (what `jid` asks, 2-3 µs a call through its dispatch) answers a node's
+    # anchor id in hex: ingestion reads it directly while no plugin answers that hook.
+    from jaclang import JacRuntime
+    from jaclang.jac0core.runtime import plugin_manager
+
+    asked = []
+
+    class Counted:
+        # jaclang's hook, its calls counted (its implementations still listed).
+        def __init__(self, hook):
+            self.hook = hook
+
+        def __call__(self, **arguments):
+            asked.append(1)
+            return self.hook(**arguments)
+
+        def __getattr__(self, name):
+            return getattr(self.hook, name)
+
+    monkeypatch.setattr(plugin_manager.hook, "object_ref", Counted(plugin_manager.hook.object_ref))
+    engine.ingest("few", run(2))
+    few = len(asked)
+    engine.ingest("s", run(20))
+    # 61 new nodes (41 events, 20 calls): fewer asks than tool rounds (the session's own are left).
+    assert len(asked) - few < 20
+    from graph.context import Message
+    from walkers.ingest import LeanLinks, _node_id
+
+    made = Message(position=0, turn=0, raw="{}", tokens=1)
+    lean = LeanLinks(context=None, indexed=False, ids=True)
+    assert _node_id(made, lean) == _node_id(made, None) == JacRuntime.object_ref(made) == made.__jac__.id.hex
