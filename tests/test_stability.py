@@ -688,3 +688,42 @@ def test_the_re_renders_that_keep_the_folded_turns_take_the_full_selection_s_lay
     results = replay(Engine(tmp_path / "s"), session(30), 1200)
     assert any("of its folded turns up to message #" in r.mode_reason for r in results)
     assert sum(laid) == len(selected)
+
+
+def test_the_partial_re_renders_start_from_their_base_s_choice_found_once(tmp_path, monkeypatch):
+    """A partial re-render's parts (`RenderPlan.kept_prefixes`) are the clones `clone` and
+    `keep_prefix` make one cut after another, but the choice each starts from (`start_choice`:
+    the newest step's results kept in view) is found once, on the plan they are cloned from,
+    not on each clone."""
+    import engine.stability as stability
+    from engine.plan import RenderPlan
+
+    (clone, start_choice, kept_up_to) = (RenderPlan.clone, RenderPlan.start_choice, stability._kept_up_to)
+    (started, compared, counts) = ([], [], [])
+    monkeypatch.setattr(RenderPlan, "start_choice", lambda plan: started.append(1) or start_choice(plan))
+
+    def checked(base, before, cuts, full, price):
+        order = sorted(set(cuts), reverse=True)
+        one_by_one = []
+        for cut in order:
+            part = clone(base)
+            prefix = part.keep_prefix(before, cut)
+            if prefix >= 0:
+                one_by_one.append((part, cut, prefix))
+        parts = base.kept_prefixes(before, order)
+        assert [(cut, prefix) for (_, cut, prefix) in parts] == [(cut, prefix) for (_, cut, prefix) in one_by_one]
+        for ((made, _, _), (expected, _, _)) in zip(parts, one_by_one):
+            assert vars(made.choice) == vars(expected.choice)
+            assert vars(made.layout) == vars(expected.layout)
+            assert made.choice is not base.choice and made.layout.wrapper_cost is not base.layout.wrapper_cost
+        compared.append(len(parts))
+        started.clear()
+        out = kept_up_to(base, before, cuts, full, price)
+        counts.append(len(started))
+        return out
+
+    monkeypatch.setattr(stability, "_kept_up_to", checked)
+    results = replay(Engine(tmp_path / "s"), session(30), 1200)
+    assert any("of its folded turns up to message #" in r.mode_reason for r in results)
+    assert sum(compared) > len(compared)
+    assert set(counts) == {1}
