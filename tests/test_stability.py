@@ -694,23 +694,42 @@ def test_the_partial_re_renders_start_from_their_base_s_choice_found_once(tmp_pa
     """A partial re-render's parts (`RenderPlan.kept_prefixes`) are the clones `clone` and
     `keep_prefix` make one cut after another, but the choice each starts from (`start_choice`:
     the newest step's results kept in view) is found once, on the plan they are cloned from,
-    not on each clone."""
+    not on each clone, and the results before the cuts are walked once, for the latest cut
+    (each shown one's U read once), not once a cut."""
+    import dataclasses
+
+    import numpy as np
+
     import engine.stability as stability
     from engine.plan import RenderPlan
 
+    class Counted(np.ndarray):
+        reads = 0
+
+        def __getitem__(self, key):
+            if isinstance(key, (int, np.integer)):
+                Counted.reads += 1
+            return super().__getitem__(key)
+
     (clone, start_choice, kept_up_to) = (RenderPlan.clone, RenderPlan.start_choice, stability._kept_up_to)
-    (started, compared, counts) = ([], [], [])
+    (started, compared, counts, reads) = ([], [], [], [])
     monkeypatch.setattr(RenderPlan, "start_choice", lambda plan: started.append(1) or start_choice(plan))
 
     def checked(base, before, cuts, full, price):
+        scores = base.scores
+        base.scores = type(scores)(**{f: getattr(scores, f) for f in ("age", "reuse_count", "cosine", "recency", "reuse", "relevance")},
+                                   usefulness=scores.usefulness.view(Counted))
         order = sorted(set(cuts), reverse=True)
-        one_by_one = []
+        (Counted.reads, one_by_one) = (0, [])
         for cut in order:
             part = clone(base)
             prefix = part.keep_prefix(before, cut)
             if prefix >= 0:
                 one_by_one.append((part, cut, prefix))
+        (apart, Counted.reads) = (Counted.reads, 0)
         parts = base.kept_prefixes(before, order)
+        reads.append((apart, Counted.reads))
+        base.scores = scores
         assert [(cut, prefix) for (_, cut, prefix) in parts] == [(cut, prefix) for (_, cut, prefix) in one_by_one]
         for ((made, _, _), (expected, _, _)) in zip(parts, one_by_one):
             assert vars(made.choice) == vars(expected.choice)
@@ -727,3 +746,7 @@ def test_the_partial_re_renders_start_from_their_base_s_choice_found_once(tmp_pa
     assert any("of its folded turns up to message #" in r.mode_reason for r in results)
     assert sum(compared) > len(compared)
     assert set(counts) == {1}
+    # Each shown result before the latest cut read once (the newest step's results kept in view
+    # are read by start_choice, once a part one by one, once in all here).
+    assert all(walked <= apart for (apart, walked) in reads)
+    assert sum(walked for (_, walked) in reads) * 3 < sum(apart for (apart, _) in reads) * 2
