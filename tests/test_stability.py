@@ -695,11 +695,11 @@ def test_the_partial_re_renders_start_from_their_base_s_choice_found_once(tmp_pa
     `keep_prefix` make one cut after another, but the choice each starts from (`start_choice`:
     the newest step's results kept in view) is found once, on the plan they are cloned from,
     not on each clone, and the results before the cuts are walked once, for the latest cut
-    (each shown one's U read once), not once a cut."""
-    import dataclasses
-
+    (each shown one's U read once), not once a cut; each part's greedy selection takes its U'
+    (`sticky_worth`) from its base's, found once, and selects the same."""
     import numpy as np
 
+    import engine.plan as plan_module
     import engine.stability as stability
     from engine.plan import RenderPlan
 
@@ -712,8 +712,10 @@ def test_the_partial_re_renders_start_from_their_base_s_choice_found_once(tmp_pa
             return super().__getitem__(key)
 
     (clone, start_choice, kept_up_to) = (RenderPlan.clone, RenderPlan.start_choice, stability._kept_up_to)
-    (started, compared, counts, reads) = ([], [], [], [])
+    (started, compared, counts, reads, worths) = ([], [], [], [], [])
     monkeypatch.setattr(RenderPlan, "start_choice", lambda plan: started.append(1) or start_choice(plan))
+    sticky_worth = plan_module.sticky_worth
+    monkeypatch.setattr(plan_module, "sticky_worth", lambda *a: worths.append(1) or sticky_worth(*a))
 
     def checked(base, before, cuts, full, price):
         scores = base.scores
@@ -735,17 +737,18 @@ def test_the_partial_re_renders_start_from_their_base_s_choice_found_once(tmp_pa
             assert vars(made.choice) == vars(expected.choice)
             assert vars(made.layout) == vars(expected.layout)
             assert made.choice is not base.choice and made.layout.wrapper_cost is not base.layout.wrapper_cost
+            assert vars(made.greedy(made.choice)) == vars(expected.greedy(expected.choice))
         compared.append(len(parts))
-        started.clear()
+        (started[:], worths[:]) = ([], [])
         out = kept_up_to(base, before, cuts, full, price)
-        counts.append(len(started))
+        counts.append((len(started), len(worths)))
         return out
 
     monkeypatch.setattr(stability, "_kept_up_to", checked)
     results = replay(Engine(tmp_path / "s"), session(30), 1200)
     assert any("of its folded turns up to message #" in r.mode_reason for r in results)
     assert sum(compared) > len(compared)
-    assert set(counts) == {1}
+    assert set(counts) == {(1, 1)}
     # Each shown result before the latest cut read once (the newest step's results kept in view
     # are read by start_choice, once a part one by one, once in all here).
     assert all(walked <= apart for (apart, walked) in reads)
