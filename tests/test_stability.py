@@ -753,3 +753,34 @@ def test_the_partial_re_renders_start_from_their_base_s_choice_found_once(tmp_pa
     # are read by start_choice, once a part one by one, once in all here).
     assert all(walked <= apart for (apart, walked) in reads)
     assert sum(walked for (_, walked) in reads) * 3 < sum(apart for (apart, _) in reads) * 2
+
+
+def test_a_clone_is_copy_copy_s_copy_with_its_containers_copied(tmp_path, monkeypatch):
+    """`RenderPlan.clone` copies the plan, its layout and its choice as `copy.copy` copies them
+    (the same class, every attribute in its order) with each list, dict and set copied and the
+    rest shared, without going through `copy.copy` (its reduce protocol took most of a clone's
+    time, and a partial re-render clones its plan a dozen times)."""
+    import copy
+
+    from engine.plan import RenderPlan
+
+    (clone, plans) = (RenderPlan.clone, [])
+    monkeypatch.setattr(RenderPlan, "clone", lambda plan: plans.append(plan) or clone(plan))
+    replay(Engine(tmp_path / "s"), session(30), 1200)
+    assert len(plans) > 10
+    copies = []
+    monkeypatch.setattr(copy, "copy", lambda value, made=copy.copy: copies.append(value) or made(value))
+    for plan in plans[:: max(1, len(plans) // 20)]:
+        made = clone(plan)
+        for (original, copied) in ((plan, made), (plan.layout, made.layout), (plan.choice, made.choice)):
+            assert type(copied) is type(original) and copied is not original
+            assert list(vars(copied)) == list(vars(original))
+            for (name, value) in vars(original).items():
+                if name in ("layout", "choice"):
+                    continue
+                if isinstance(value, (list, dict, set)):
+                    assert getattr(copied, name) == value
+                    assert getattr(copied, name) is not value and type(getattr(copied, name)) is type(value)
+                else:
+                    assert getattr(copied, name) is value
+    assert copies == []
