@@ -688,3 +688,99 @@ def test_the_re_renders_that_keep_the_folded_turns_take_the_full_selection_s_lay
     results = replay(Engine(tmp_path / "s"), session(30), 1200)
     assert any("of its folded turns up to message #" in r.mode_reason for r in results)
     assert sum(laid) == len(selected)
+
+
+def test_the_partial_re_renders_start_from_their_base_s_choice_found_once(tmp_path, monkeypatch):
+    """A partial re-render's parts (`RenderPlan.kept_prefixes`) are the clones `clone` and
+    `keep_prefix` make one cut after another, but the choice each starts from (`start_choice`:
+    the newest step's results kept in view) is found once, on the plan they are cloned from,
+    not on each clone, and the results before the cuts are walked once, for the latest cut
+    (each shown one's U read once), not once a cut; each part's greedy selection takes its U'
+    (`sticky_worth`) from its base's, found once, and selects the same."""
+    import numpy as np
+
+    import engine.plan as plan_module
+    import engine.stability as stability
+    from engine.plan import RenderPlan
+
+    class Counted(np.ndarray):
+        reads = 0
+
+        def __getitem__(self, key):
+            if isinstance(key, (int, np.integer)):
+                Counted.reads += 1
+            return super().__getitem__(key)
+
+    (clone, start_choice, kept_up_to) = (RenderPlan.clone, RenderPlan.start_choice, stability._kept_up_to)
+    (started, compared, counts, reads, worths) = ([], [], [], [], [])
+    monkeypatch.setattr(RenderPlan, "start_choice", lambda plan: started.append(1) or start_choice(plan))
+    sticky_worth = plan_module.sticky_worth
+    monkeypatch.setattr(plan_module, "sticky_worth", lambda *a: worths.append(1) or sticky_worth(*a))
+
+    def checked(base, before, cuts, full, price):
+        scores = base.scores
+        base.scores = type(scores)(**{f: getattr(scores, f) for f in ("age", "reuse_count", "cosine", "recency", "reuse", "relevance")},
+                                   usefulness=scores.usefulness.view(Counted))
+        order = sorted(set(cuts), reverse=True)
+        (Counted.reads, one_by_one) = (0, [])
+        for cut in order:
+            part = clone(base)
+            prefix = part.keep_prefix(before, cut)
+            if prefix >= 0:
+                one_by_one.append((part, cut, prefix))
+        (apart, Counted.reads) = (Counted.reads, 0)
+        parts = base.kept_prefixes(before, order)
+        reads.append((apart, Counted.reads))
+        base.scores = scores
+        assert [(cut, prefix) for (_, cut, prefix) in parts] == [(cut, prefix) for (_, cut, prefix) in one_by_one]
+        for ((made, _, _), (expected, _, _)) in zip(parts, one_by_one):
+            assert vars(made.choice) == vars(expected.choice)
+            assert vars(made.layout) == vars(expected.layout)
+            assert made.choice is not base.choice and made.layout.wrapper_cost is not base.layout.wrapper_cost
+            assert vars(made.greedy(made.choice)) == vars(expected.greedy(expected.choice))
+        compared.append(len(parts))
+        (started[:], worths[:]) = ([], [])
+        out = kept_up_to(base, before, cuts, full, price)
+        counts.append((len(started), len(worths)))
+        return out
+
+    monkeypatch.setattr(stability, "_kept_up_to", checked)
+    results = replay(Engine(tmp_path / "s"), session(30), 1200)
+    assert any("of its folded turns up to message #" in r.mode_reason for r in results)
+    assert sum(compared) > len(compared)
+    assert set(counts) == {(1, 1)}
+    # Each shown result before the latest cut read once (the newest step's results kept in view
+    # are read by start_choice, once a part one by one, once in all here).
+    assert all(walked <= apart for (apart, walked) in reads)
+    assert sum(walked for (_, walked) in reads) * 3 < sum(apart for (apart, _) in reads) * 2
+
+
+def test_a_clone_is_copy_copy_s_copy_with_its_containers_copied(tmp_path, monkeypatch):
+    """`RenderPlan.clone` copies the plan, its layout and its choice as `copy.copy` copies them
+    (the same class, every attribute in its order) with each list, dict and set copied and the
+    rest shared, without going through `copy.copy` (its reduce protocol took most of a clone's
+    time, and a partial re-render clones its plan a dozen times)."""
+    import copy
+
+    from engine.plan import RenderPlan
+
+    (clone, plans) = (RenderPlan.clone, [])
+    monkeypatch.setattr(RenderPlan, "clone", lambda plan: plans.append(plan) or clone(plan))
+    replay(Engine(tmp_path / "s"), session(30), 1200)
+    assert len(plans) > 10
+    copies = []
+    monkeypatch.setattr(copy, "copy", lambda value, made=copy.copy: copies.append(value) or made(value))
+    for plan in plans[:: max(1, len(plans) // 20)]:
+        made = clone(plan)
+        for (original, copied) in ((plan, made), (plan.layout, made.layout), (plan.choice, made.choice)):
+            assert type(copied) is type(original) and copied is not original
+            assert list(vars(copied)) == list(vars(original))
+            for (name, value) in vars(original).items():
+                if name in ("layout", "choice"):
+                    continue
+                if isinstance(value, (list, dict, set)):
+                    assert getattr(copied, name) == value
+                    assert getattr(copied, name) is not value and type(getattr(copied, name)) is type(value)
+                else:
+                    assert getattr(copied, name) is value
+    assert copies == []
