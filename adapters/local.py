@@ -121,31 +121,21 @@ class Engine(EndpointMethods):
         the process has seen), holding the session's lock."""
         # An id that is not a string gets no lock: the walker refuses it before touching anything.
         held = self._locks.hold(session_id) if isinstance(session_id, str) else contextlib.nullcontext()
-        # The call's working set is garbage once it returns: collected with the young generations
-        # after it, not moved alive to the old one by a middle collection during it (engine/courtesy.jac).
-        core.CALLS.hold_middle_collections()
-        try:
-            with held:
-                return self._attempts(build)
-        finally:
-            core.CALLS.release_middle_collections()
-
-    def _attempts(self, build: Callable[[], Any]) -> Any:
-        """`_run`'s attempts, the session's lock held."""
-        gone_before = False
-        for attempt in range(1, MAX_ATTEMPTS + 1):
-            try:
-                return self._attempt(build())
-            except WriteConflict as conflict:
-                # A result gone from the store: one replay (it loads the session afresh), then its name.
-                if isinstance(conflict, by_id.ResultGone):
-                    if gone_before:
-                        raise core.ContextRenderError(conflict.message()) from None
-                    gone_before = True
-                if attempt == MAX_ATTEMPTS:
-                    raise core.ContextRenderError(
-                        f"the store kept changing under this call ({MAX_ATTEMPTS} attempts); retry it"
-                    ) from None
+        with held:
+            gone_before = False
+            for attempt in range(1, MAX_ATTEMPTS + 1):
+                try:
+                    return self._attempt(build())
+                except WriteConflict as conflict:
+                    # A result gone from the store: one replay (it loads the session afresh), then its name.
+                    if isinstance(conflict, by_id.ResultGone):
+                        if gone_before:
+                            raise core.ContextRenderError(conflict.message()) from None
+                        gone_before = True
+                    if attempt == MAX_ATTEMPTS:
+                        raise core.ContextRenderError(
+                            f"the store kept changing under this call ({MAX_ATTEMPTS} attempts); retry it"
+                        ) from None
         raise AssertionError("unreachable")
 
     def _attempt(self, walker: Any) -> Any:
