@@ -755,6 +755,33 @@ def test_the_partial_re_renders_start_from_their_base_s_choice_found_once(tmp_pa
     assert sum(walked for (_, walked) in reads) * 3 < sum(apart for (apart, _) in reads) * 2
 
 
+def test_a_partial_re_render_of_a_layout_with_no_candidates(tmp_path, monkeypatch):
+    """At a budget the newest step fills, a re-render's layout can have no candidate results; its
+    partial re-renders (`RenderPlan.kept_prefixes`) then make their parts without any (an empty
+    candidate list taken as a float array could not index U: IndexError)."""
+    from engine.plan import RenderPlan
+
+    kept_prefixes = RenderPlan.kept_prefixes
+    empty = []
+    monkeypatch.setattr(RenderPlan, "kept_prefixes",
+                        lambda plan, before, cuts: empty.append(not plan.layout.candidates and bool(cuts)) or kept_prefixes(plan, before, cuts))
+    messages = [
+        user("fix the bug"),
+        assistant(None, call("c1", "grep", {"pattern": "bug"})),
+        tool("c1", "src/alpha_module.py:12 bug here\nsrc/beta_module.py:40 bug there"),
+        assistant(None, call("c2", "read", {"path": "src/alpha_module.py"})),
+        tool("c2", "def alpha():\n    return compute_beta_value(1)\n"),
+        assistant(None, call("c3", "read", {"path": "src/beta_module.py"}), call("c4", "grep", {"pattern": "compute_beta_value"})),
+        tool("c3", "def compute_beta_value(x):\n    return x\n"),
+        tool("c4", "src/alpha_module.py:2 compute_beta_value"),
+    ]
+    engine = Engine(tmp_path / "s")
+    for end in range(2, len(messages) + 1):
+        result = engine.render("s", messages[:end], budget=100, usage={"input_tokens": 10 * end, "output_tokens": 3})
+        assert result.history_tokens <= 100
+    assert any(empty)
+
+
 def test_a_clone_is_copy_copy_s_copy_with_its_containers_copied(tmp_path, monkeypatch):
     """`RenderPlan.clone` copies the plan, its layout and its choice as `copy.copy` copies them
     (the same class, every attribute in its order) with each list, dict and set copied and the
