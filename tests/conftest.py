@@ -45,6 +45,20 @@ def user(text: str) -> dict:
     return {"role": "user", "content": text}
 
 
+# A short coding turn whose calls reuse values of the results before them (a path, a function's
+# name): TFA links each call to the result it took them from.
+REUSING = [
+    user("fix the bug"),
+    assistant(None, call("c1", "grep", {"pattern": "bug"})),
+    tool("c1", "src/alpha_module.py:12 bug here\nsrc/beta_module.py:40 bug there"),
+    assistant(None, call("c2", "read", {"path": "src/alpha_module.py"})),
+    tool("c2", "def alpha():\n    return compute_beta_value(1)\n"),
+    assistant(None, call("c3", "read", {"path": "src/beta_module.py"}), call("c4", "grep", {"pattern": "compute_beta_value"})),
+    tool("c3", "def compute_beta_value(x):\n    return x\n"),
+    tool("c4", "src/alpha_module.py:2 compute_beta_value"),
+]
+
+
 def in_new_process(script: str, store: Path) -> Any:
     """Run `script` (Python, with the store's path as sys.argv[1]) in a new interpreter, as after a
     restart or an upgrade, from the project folder; the JSON its last printed line holds."""

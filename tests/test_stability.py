@@ -12,7 +12,7 @@ import pytest
 
 from contextrender import Engine
 from engine.measure import get_tokenizer
-from tests.conftest import assistant, call, tool, user
+from tests.conftest import REUSING, assistant, call, tool, user
 from tests.test_render import assert_sound, filler, history_of
 
 TOK = get_tokenizer()
@@ -765,17 +765,7 @@ def test_a_partial_re_render_of_a_layout_with_no_candidates(tmp_path, monkeypatc
     empty = []
     monkeypatch.setattr(RenderPlan, "kept_prefixes",
                         lambda plan, before, cuts: empty.append(not plan.layout.candidates and bool(cuts)) or kept_prefixes(plan, before, cuts))
-    messages = [
-        user("fix the bug"),
-        assistant(None, call("c1", "grep", {"pattern": "bug"})),
-        tool("c1", "src/alpha_module.py:12 bug here\nsrc/beta_module.py:40 bug there"),
-        assistant(None, call("c2", "read", {"path": "src/alpha_module.py"})),
-        tool("c2", "def alpha():\n    return compute_beta_value(1)\n"),
-        assistant(None, call("c3", "read", {"path": "src/beta_module.py"}), call("c4", "grep", {"pattern": "compute_beta_value"})),
-        tool("c3", "def compute_beta_value(x):\n    return x\n"),
-        tool("c4", "src/alpha_module.py:2 compute_beta_value"),
-    ]
-    engine = Engine(tmp_path / "s")
+    (messages, engine) = (REUSING, Engine(tmp_path / "s"))
     for end in range(2, len(messages) + 1):
         result = engine.render("s", messages[:end], budget=100, usage={"input_tokens": 10 * end, "output_tokens": 3})
         assert result.history_tokens <= 100

@@ -8,7 +8,7 @@ import sqlite3
 import uuid
 
 import pytest
-from conftest import assistant, call, tool, user
+from conftest import REUSING, assistant, call, tool, user
 from contextrender import InvalidRequest
 from contextrender import core, working_set
 from contextrender.jaclang_setup import import_jaclang
@@ -107,16 +107,6 @@ def test_new_anchors_are_written_without_a_write_check_only_while_jaclang_answer
 # ---------------------------------------------------------------------------------------------
 # The anchors an Engine keeps between its calls (KeptAnchors)
 
-REUSING = [
-    user("fix the bug"),
-    assistant(None, call("c1", "grep", {"pattern": "bug"})),
-    tool("c1", "src/alpha_module.py:12 bug here\nsrc/beta_module.py:40 bug there"),
-    assistant(None, call("c2", "read", {"path": "src/alpha_module.py"})),
-    tool("c2", "def alpha():\n    return compute_beta_value(1)\n"),
-    assistant(None, call("c3", "read", {"path": "src/beta_module.py"}), call("c4", "grep", {"pattern": "compute_beta_value"})),
-    tool("c3", "def compute_beta_value(x):\n    return x\n"),
-    tool("c4", "src/alpha_module.py:2 compute_beta_value"),
-]
 
 
 def _kept(engine) -> working_set.Kept:
