@@ -24,7 +24,6 @@ import asyncio
 import collections
 import ipaddress
 import os
-import time
 from typing import Any
 
 from contextrender.settings import positive_number
@@ -99,27 +98,36 @@ class BodyRefused(Exception):
 async def read_body(scope: dict, receive: Any, limit: int, timeout: float, advice: str) -> bytes | None:
     """The whole body of an HTTP request, at most `limit` bytes (declared or chunked), each part
     arriving within `timeout` seconds of the last and all within ten times it; None if the
-    client left first. `advice`: what the 413's message tells the client to do."""
+    client left first. `advice`: what the 413's message tells the client to do.
+
+    The parts are joined once at the end (a body in one part is that part, not copied): grown in a
+    bytearray and copied out, a 220 kB body cost about 0.1 ms of copies and page faults. One
+    timeout watches the whole read, moved at each part (a `wait_for` per part made one each)."""
     too_large = f"request body exceeds {limit} bytes; {advice}"
     declared = dict(scope.get("headers") or []).get(b"content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise BodyRefused(413, "BODY_TOO_LARGE", too_large, close=True)
-    body = bytearray()
-    deadline = time.monotonic() + 10 * timeout
-    while True:
-        wait = min(timeout, deadline - time.monotonic())
-        try:
-            message = await asyncio.wait_for(receive(), timeout=max(wait, 0.0))
-        except TimeoutError:
-            raise BodyRefused(408, "BODY_TIMEOUT", f"the request body did not arrive within {timeout:g} s of silence "
-                              f"({10 * timeout:g} s in all); send it whole (CONTEXTRENDER_BODY_TIMEOUT)", close=True) from None
-        if message["type"] == "http.disconnect":
-            return None
-        body += message.get("body", b"")
-        if len(body) > limit:
-            raise BodyRefused(413, "BODY_TOO_LARGE", too_large, close=True)
-        if not message.get("more_body"):
-            return bytes(body)
+    parts: list[bytes] = []
+    size = 0
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 10 * timeout
+    try:
+        async with asyncio.timeout(None) as watch:
+            while True:
+                watch.reschedule(min(loop.time() + timeout, deadline))
+                message = await receive()
+                if message["type"] == "http.disconnect":
+                    return None
+                part = message.get("body", b"")
+                parts.append(part)
+                size += len(part)
+                if size > limit:
+                    raise BodyRefused(413, "BODY_TOO_LARGE", too_large, close=True)
+                if not message.get("more_body"):
+                    return b"".join(parts)
+    except TimeoutError:
+        raise BodyRefused(408, "BODY_TIMEOUT", f"the request body did not arrive within {timeout:g} s of silence "
+                          f"({10 * timeout:g} s in all); send it whole (CONTEXTRENDER_BODY_TIMEOUT)", close=True) from None
 
 
 def _base_protocol() -> type:

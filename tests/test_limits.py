@@ -81,3 +81,58 @@ def test_a_client_that_sends_no_request_still_times_out(monkeypatch):
             started = time.monotonic()
             answer = sock.recv(4096)
             assert answer.startswith(b"HTTP/1.1 408") and time.monotonic() - started < 5
+
+
+def _parts(*messages, pause: float = 0.0):
+    """An ASGI `receive` answering `messages` in turn, each after `pause` seconds."""
+    queue = list(messages)
+
+    async def receive():
+        await asyncio.sleep(pause)
+        return queue.pop(0)
+
+    return receive
+
+
+def _read(receive, limit=1000, timeout=5.0, headers=()):
+    from contextrender.limits import read_body
+
+    return asyncio.run(read_body({"headers": list(headers)}, receive, limit, timeout, "send less"))
+
+
+def test_read_body_joins_the_parts_and_keeps_a_whole_body_as_it_came():
+    one = b'{"model": "m"}' * 10
+    assert _read(_parts({"type": "http.request", "body": one})) is one  # not copied
+    parts = [{"type": "http.request", "body": b"ab", "more_body": True}, {"type": "http.request", "more_body": True},
+             {"type": "http.request", "body": b"cd"}]
+    assert _read(_parts(*parts)) == b"abcd"
+    assert _read(_parts({"type": "http.request", "body": b"ab", "more_body": True}, {"type": "http.disconnect"})) is None
+
+
+def test_read_body_refuses_a_body_too_large_declared_or_sent():
+    from contextrender.limits import BodyRefused
+
+    for (receive, headers) in ((_parts(), [(b"content-length", b"1001")]),
+                               (_parts(*[{"type": "http.request", "body": b"x" * 400, "more_body": True}] * 3), [])):
+        try:
+            _read(receive, headers=headers)
+        except BodyRefused as refused:
+            assert (refused.status, refused.close) == (413, True) and "send less" in refused.message
+        else:
+            raise AssertionError("not refused")
+
+
+def test_read_body_times_out_a_pause_and_a_body_that_takes_too_long_in_all():
+    from contextrender.limits import BodyRefused
+
+    more = {"type": "http.request", "body": b"x", "more_body": True}
+    for (receive, timeout) in ((_parts(more, more, pause=0.3), 0.1),  # the first part later than the timeout
+                               (_parts(*[more] * 40, pause=0.05), 0.1)):  # each part in time, all past ten times it
+        started = time.monotonic()
+        try:
+            _read(receive, timeout=timeout)
+        except BodyRefused as refused:
+            assert refused.status == 408 and refused.close and "CONTEXTRENDER_BODY_TIMEOUT" in refused.message
+        else:
+            raise AssertionError("not timed out")
+        assert time.monotonic() - started < 10 * timeout + 0.5
