@@ -41,6 +41,20 @@ class _Metrics:
                                 ["endpoint", "protocol", "status"], registry=self.registry)
         self.request_seconds = Histogram("contextrender_request_seconds", "Time from a request's arrival to the start of its answer",
                                          ["endpoint", "protocol"], buckets=SECONDS, registry=self.registry)
+        self._children: dict[tuple[Any, tuple[str, ...]], Any] = {}
+
+    def of(self, metric: Any, *values: str) -> Any:
+        """`metric.labels(*values)`, kept. prometheus_client's `labels` checks and converts the
+        values and takes the metric's lock at every call (7 calls a proxied request: 7.4 us of its
+        15 us of metrics); for the same values it always returns the same child, which is kept
+        here by metric and values (as many entries as prometheus_client keeps children). What
+        would make a kept child stale is the child removed from its metric (`remove`, `clear`):
+        nothing does."""
+        key = (metric, values)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = metric.labels(*values)
+        return child
 
 
 class ServerMetrics(_Metrics):
@@ -95,9 +109,9 @@ class ProxyMetrics(_Metrics):
         return "passthrough", ""
 
     def rendered(self, protocol: str, before: int, after: int, seconds: float) -> None:
-        self.render_seconds.labels(protocol).observe(seconds)
-        self.tokens_before.labels(protocol).inc(max(before, 0))
-        self.tokens_after.labels(protocol).inc(max(after, 0))
+        self.of(self.render_seconds, protocol).observe(seconds)
+        self.of(self.tokens_before, protocol).inc(max(before, 0))
+        self.of(self.tokens_after, protocol).inc(max(after, 0))
 
     def prefix(self, protocol: str, previous: list | None, rendered: list) -> None:
         """Record the share of `rendered` repeating `previous` (the session's last) as a prefix."""
@@ -108,7 +122,7 @@ class ProxyMetrics(_Metrics):
             if old != new:
                 break
             shared += 1
-        self.prefix_share.labels(protocol).observe(shared / len(rendered))
+        self.of(self.prefix_share, protocol).observe(shared / len(rendered))
 
 
 class CountRequests:
@@ -130,13 +144,13 @@ class CountRequests:
         async def counted(message: dict) -> None:
             if message["type"] == "http.response.start" and not status["code"]:
                 status["code"] = message["status"]
-                self.metrics.request_seconds.labels(endpoint, protocol).observe(time.perf_counter() - started)
+                self.metrics.of(self.metrics.request_seconds, endpoint, protocol).observe(time.perf_counter() - started)
             await send(message)
 
         try:
             await self.app(scope, receive, counted)
         finally:
-            self.metrics.requests.labels(endpoint, protocol, str(status["code"] or 500)).inc()
+            self.metrics.of(self.metrics.requests, endpoint, protocol, str(status["code"] or 500)).inc()
 
 
 def _loopback(host: str) -> bool:

@@ -196,7 +196,7 @@ class _Proxy:
                 log.warning("session %s: forwarded without rendering: %s", _shown(session_id, name), exchange.unmanaged)
             # The reason can quote a client's item type: ASCII only in a header.
             reason = exchange.unmanaged.encode("ascii", "replace").decode()
-            self.metrics.unmanaged.labels(protocol.name, "not_renderable").inc()
+            self.metrics.of(self.metrics.unmanaged, protocol.name, "not_renderable").inc()
             return await self.upstream.forward(request, raw, fmt, headers=[
                 (STATUS_HEADER, "unmanaged; reason=not_renderable"), (UNMANAGED_HEADER, reason),
             ])
@@ -241,7 +241,7 @@ class _Proxy:
                  result.full_history_tokens, result.history_tokens, result.mode or "-", (time.perf_counter() - started) * 1000)
         on_answer = self.sessions.answered(session_id, turn, len(messages), estimate, chain_events(prepared), prepared)
         headers = [(STATUS_HEADER, "managed")] + _summary_headers(session_id, name, result)
-        self.metrics.in_proxy_seconds.labels(protocol.name).observe(time.perf_counter() - started)
+        self.metrics.of(self.metrics.in_proxy_seconds, protocol.name).observe(time.perf_counter() - started)
         if offered:
             taken = RequestRounds(estimate, state.encoding or encoding, first=out)
             return await self.restores.forward(request, out_body, session_id, on_answer, headers, taken, rounds)
@@ -259,7 +259,7 @@ class _Proxy:
         # Fail-open: the agent gets its answer, and the headers say the history went unmanaged;
         # the log says why once, not at every call of a session that keeps failing.
         state = self.sessions.session(session_id)
-        self.metrics.unmanaged.labels(protocol.name, type(exc).__name__).inc()
+        self.metrics.of(self.metrics.unmanaged, protocol.name, type(exc).__name__).inc()
         if not state.unmanaged:
             state.unmanaged = True
             log.warning("session %s: render failed, forwarding requests unmanaged until it works again: %s: %s",

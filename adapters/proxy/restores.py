@@ -112,7 +112,7 @@ class Restores:
 
     def count(self, outcome: str) -> None:
         if self.metrics is not None:
-            self.metrics.restores.labels(outcome).inc()
+            self.metrics.of(self.metrics.restores, outcome).inc()
 
     @staticmethod
     def _request(url: httpx.URL, sent: list, body: dict, offered: bool, rounds: RequestRounds, protocol: RestoreProtocol) -> httpx.Request:
