@@ -735,6 +735,10 @@ def test_the_partial_re_renders_start_from_their_base_s_choice_found_once(tmp_pa
         assert [(cut, prefix) for (_, cut, prefix) in parts] == [(cut, prefix) for (_, cut, prefix) in one_by_one]
         for ((made, _, _), (expected, _, _)) in zip(parts, one_by_one):
             assert vars(made.choice) == vars(expected.choice)
+            # In the same order too: a set's order follows its insertions, and the cost-aware
+            # choice sums U over the results shown in it (floats).
+            assert list(made.choice.chosen) == list(expected.choice.chosen)
+            assert list(made.choice.picks.items()) == list(expected.choice.picks.items())
             assert vars(made.layout) == vars(expected.layout)
             assert made.choice is not base.choice and made.layout.wrapper_cost is not base.layout.wrapper_cost
             assert vars(made.greedy(made.choice)) == vars(expected.greedy(expected.choice))
@@ -782,7 +786,7 @@ def test_a_clone_is_copy_copy_s_copy_with_its_containers_copied(tmp_path, monkey
     from engine.plan import RenderPlan
 
     (clone, plans) = (RenderPlan.clone, [])
-    monkeypatch.setattr(RenderPlan, "clone", lambda plan: plans.append(plan) or clone(plan))
+    monkeypatch.setattr(RenderPlan, "clone", lambda plan, *given: plans.append(plan) or clone(plan, *given))
     replay(Engine(tmp_path / "s"), session(30), 1200)
     assert len(plans) > 10
     copies = []
@@ -801,3 +805,31 @@ def test_a_clone_is_copy_copy_s_copy_with_its_containers_copied(tmp_path, monkey
                 else:
                     assert getattr(copied, name) is value
     assert copies == []
+
+
+def test_a_plan_counts_each_marker_text_once(tmp_path, monkeypatch):
+    """`RenderPlan.marker_tokens` counts the marker's parts once per marker text (the string
+    object the layout holds: its parts, split at each call, are new strings that a count cached
+    by text hashes and compares again); a plan whose marker changes counts the new one, and
+    every count is the one made afresh."""
+    from engine.notices import fold_marker
+    from engine.plan import RenderPlan
+
+    (notice_tokens, lay_out, plans) = (RenderPlan.notice_tokens, RenderPlan.lay_out, [])
+    monkeypatch.setattr(RenderPlan, "lay_out", lambda plan: plans.append(plan) or lay_out(plan))
+    replay(Engine(tmp_path / "s"), session(30), 1200)
+    counted = []
+    monkeypatch.setattr(RenderPlan, "notice_tokens", lambda plan, message: counted.append(1) or notice_tokens(plan, message))
+    folded = [plan for plan in plans if plan.layout.marker is not None]
+    assert len(folded) > 10
+    for plan in folded:
+        afresh = sum(notice_tokens(plan, m) for m in plan.marker_parts())
+        counted.clear()
+        assert plan.marker_tokens() == afresh and plan.clone().marker_tokens() == afresh
+        assert counted == []
+        # Another marker (of the same text, as a new string too) is counted again.
+        for text in (fold_marker(plan.budget)["content"], "".join(list(plan.layout.marker["content"]))):
+            plan.layout.marker = {"role": "user", "content": text}
+            assert plan.marker_tokens() == sum(notice_tokens(plan, m) for m in plan.marker_parts())
+            assert counted
+            counted.clear()
