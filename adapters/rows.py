@@ -144,14 +144,25 @@ def field_names(arch: Any) -> tuple[str, ...] | None:
     return tuple([name for name in _attr_names(arch, known) if not callable(getattr(arch, name))])
 
 
+# The JSON scalars serialised as they are (exact types: a subclass, an Enum of int say, is not one).
+_SCALARS = frozenset({str, int, float, bool, type(None)})
+_STR_KEYS = frozenset({str})
+
+
 def serialised_value(val: Any) -> Any:
-    """`Serializer._serialize_value(val, include_type=True)`, the JSON types taken as they are."""
+    """`Serializer._serialize_value(val, include_type=True)`, the JSON types taken as they are. A list
+    of scalars, or a dict of scalars by str keys (most of a render's figures and lists), is copied
+    whole: its types told by `map(type, ...)` in C, not by a call for each item."""
     kind = type(val)
     if kind is str or kind is int or kind is float or kind is bool or val is None:
         return val
     if kind is list:
+        if set(map(type, val)) <= _SCALARS:
+            return list(val)
         return [serialised_value(item) for item in val]
     if kind is dict:
+        if set(map(type, val)) <= _STR_KEYS and set(map(type, val.values())) <= _SCALARS:
+            return dict(val)
         return {str(key): serialised_value(item) for (key, item) in val.items()}
     return Serializer._serialize_value(val, True)
 

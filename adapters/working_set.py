@@ -324,17 +324,19 @@ class KeptAnchors:
         if watch is None or getattr(l3, "path", None) != self._path or not jaclang_checks_access():
             return None
         now = file_key(self._path)
+        own = None
         if l3.__conn__ is None:
             if now is None:
                 return None
             l3._ensure_connection()
+            own = getattr(l3, "taken_version", None)  # (its data_version, read as the store took it just now)
         conn = l3.__conn__
         with self._lock:
             (kept, self._kept) = (self._kept, None)
         if kept is None or kept.opened != now:
             kept = Kept(path=self._path, opened=now)
         try:
-            own = _data_version(conn)
+            own = _data_version(conn) if own is None else own
             version = self._watch_version()
         except sqlite3.Error:
             return None
