@@ -119,6 +119,10 @@ class SharedSqliteStore(jac_memory.SqliteMemory):
     merges_edge_ids = True
     # The connection's SQLite data_version when this store took it (read to load the aliases).
     taken_version: int | None = None
+    # The stored edge list (ids' texts) of each node its last committed flush merged on text, by
+    # the id's number, as that flush's transaction left it (the Engine's kept anchors take their
+    # edges' order from it: adapters/working_set.py `Kept.keep`).
+    edges_written: dict[int, list[str]] | None = None
 
     def _ensure_connection(self) -> None:
         if self.__conn__ is not None:
@@ -190,11 +194,13 @@ class SharedSqliteStore(jac_memory.SqliteMemory):
             ahead = self._write_ahead(rows) if len(rows) > WRITE_AHEAD_BATCH else set()
             self._prepared = {key: row for (key, row) in rows.items() if key not in ahead} if ahead else rows
             self._written_ahead, own = ahead, without_written(changeset, ahead)  # (adapters/transactions.py)
+            self._edge_lists = edges = {}
             try:
                 with write_turn(self.__conn__, self.path, busy_timeout()):
                     report = with_written(super().apply(own), changeset, ahead, own)
             finally:
-                self._prepared, self._written_ahead = {}, set()
+                self._prepared, self._written_ahead, self._edge_lists = {}, set(), None
+            self.edges_written = edges if report.applied and not report.conflicts else {}
             if ahead and (unapplied := ahead - {id.int for id in report.applied}):
                 self._take_back(unapplied)
             return report
@@ -313,7 +319,7 @@ class SharedSqliteStore(jac_memory.SqliteMemory):
     def _merge_stored_text(self, conn: sqlite3.Connection, key: str, stored: tuple, intent: WriteIntent) -> bool:
         """jaclang's merge of an intent into a stored row, made on the row's JSON where it can be
         (adapters/merges.py `merge_stored_text`); False when jaclang must merge it."""
-        return merge_stored_text(conn, key, stored, intent)
+        return merge_stored_text(conn, key, stored, intent, getattr(self, "_edge_lists", None))
 
 
 class StorePlugin:
