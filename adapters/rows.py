@@ -99,11 +99,13 @@ def row_time() -> str:
 
 def _class_names(cls: type) -> frozenset | None:
     """The public names of `cls` (its MRO's) that are not methods, or None when its instances are
-    left to jaclang's serialiser."""
+    left to jaclang's serialiser. A `__getattr__` is left to it too, but a Root's, which answers
+    only `shared` (a name `dir()` does not give, so never one the serialiser asks for)."""
     if cls in _classes:
         return _classes[cls]
     found: frozenset | None = None
-    if not hasattr(cls, "__jac_schema__") and not hasattr(cls, "__getattr__") and cls.__dir__ is object.__dir__ \
+    if not hasattr(cls, "__jac_schema__") and getattr(cls, "__getattr__", Root.__getattr__) is Root.__getattr__ \
+            and cls.__dir__ is object.__dir__ \
             and type(cls).__dir__ is type.__dir__ and cls.__getattribute__ is object.__getattribute__:
         data = set()
         for name in dir(cls):

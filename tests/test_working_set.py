@@ -306,8 +306,10 @@ def test_the_commit_records_what_jaclangs_pass_would_for_each_anchor_it_took(eng
     engine.configure("s", omitted="drop")
     engine.render("s", REUSING + [assistant("done: compute_beta_value fixed")], budget=100)
     engine.restore("s", "r1")
+    engine.render("another", REUSING[:2], budget=100)  # a session of its own (its shelf, the directory)
     kinds = {kind for (kind, _) in seen}
-    assert {"Session", "ToolResult", "RenderEpoch"} <= kinds
+    # The Root too (its class has a `__getattr__`, for `shared` alone: adapters/rows.py `_class_names`).
+    assert {"Session", "ToolResult", "RenderEpoch", "Root"} <= kinds
     assert any(changed for (_, changed) in seen) and any(not changed for (_, changed) in seen)
     _all_as_stored(engine)
 
