@@ -186,7 +186,8 @@ def _same_access(stored: object, access: object) -> bool:
     return json.dumps(stored, sort_keys=True, default=str) == json.dumps(serialised, sort_keys=True, default=str)
 
 
-def merge_stored_text(conn: sqlite3.Connection, key: str, stored: tuple, intent: WriteIntent) -> bool:
+def merge_stored_text(conn: sqlite3.Connection, key: str, stored: tuple, intent: WriteIntent,
+                      edge_lists: dict[int, list[str]] | None = None) -> bool:
     """jaclang's merge of an edge-list change and dirty fields into the stored row, made on the
     row's JSON instead of on the node deserialised from it and serialised whole again: the
     stored values are kept as stored, only the edge list, the version, the access and the dirty
@@ -194,7 +195,9 @@ def merge_stored_text(conn: sqlite3.Connection, key: str, stored: tuple, intent:
     result's text, a session's system prompt and render log) are not deserialised, serialised
     and hashed again when the node gets an edge or a counter changes. Only for a node stored
     in the current format of its current class (the same fields, so the stored row is what
-    jaclang would write for it); False for anything else, which jaclang merges."""
+    jaclang would write for it); False for anything else, which jaclang merges. `edge_lists`, when
+    given, gets the node's stored edge list after the merge (none when its row was deleted), by its
+    id's number."""
     anchor = intent.anchor
     arch = anchor.archetype
     if intent.is_create() or not isinstance(anchor, NodeAnchor) or arch is None or isinstance(arch, Root):
@@ -249,4 +252,6 @@ def merge_stored_text(conn: sqlite3.Connection, key: str, stored: tuple, intent:
         conn.execute(INSERT_ROW, (key, "NodeAnchor", arch_module, arch_type, fingerprint, text,
                                jac_memory.SQLITE_DB_FORMAT_VERSION, row_time()))
         _remember(key, _Seen(text, data))
+    if edge_lists is not None:
+        edge_lists[anchor.id.int] = data["edges"]
     return True

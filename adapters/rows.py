@@ -99,11 +99,13 @@ def row_time() -> str:
 
 def _class_names(cls: type) -> frozenset | None:
     """The public names of `cls` (its MRO's) that are not methods, or None when its instances are
-    left to jaclang's serialiser."""
+    left to jaclang's serialiser. A `__getattr__` is left to it too, but a Root's, which answers
+    only `shared` (a name `dir()` does not give, so never one the serialiser asks for)."""
     if cls in _classes:
         return _classes[cls]
     found: frozenset | None = None
-    if not hasattr(cls, "__jac_schema__") and not hasattr(cls, "__getattr__") and cls.__dir__ is object.__dir__ \
+    if not hasattr(cls, "__jac_schema__") and getattr(cls, "__getattr__", Root.__getattr__) is Root.__getattr__ \
+            and cls.__dir__ is object.__dir__ \
             and type(cls).__dir__ is type.__dir__ and cls.__getattribute__ is object.__getattribute__:
         data = set()
         for name in dir(cls):
@@ -144,14 +146,25 @@ def field_names(arch: Any) -> tuple[str, ...] | None:
     return tuple([name for name in _attr_names(arch, known) if not callable(getattr(arch, name))])
 
 
+# The JSON scalars serialised as they are (exact types: a subclass, an Enum of int say, is not one).
+_SCALARS = frozenset({str, int, float, bool, type(None)})
+_STR_KEYS = frozenset({str})
+
+
 def serialised_value(val: Any) -> Any:
-    """`Serializer._serialize_value(val, include_type=True)`, the JSON types taken as they are."""
+    """`Serializer._serialize_value(val, include_type=True)`, the JSON types taken as they are. A list
+    of scalars, or a dict of scalars by str keys (most of a render's figures and lists), is copied
+    whole: its types told by `map(type, ...)` in C, not by a call for each item."""
     kind = type(val)
     if kind is str or kind is int or kind is float or kind is bool or val is None:
         return val
     if kind is list:
+        if set(map(type, val)) <= _SCALARS:
+            return list(val)
         return [serialised_value(item) for item in val]
     if kind is dict:
+        if set(map(type, val)) <= _STR_KEYS and set(map(type, val.values())) <= _SCALARS:
+            return dict(val)
         return {str(key): serialised_value(item) for (key, item) in val.items()}
     return Serializer._serialize_value(val, True)
 

@@ -23,7 +23,8 @@ in-process Engine, adapters/local.py, both answer it with `SharedSqliteStore`):
   and writes its rows (its full passes scan every object of the process to free almost nothing).
 - **Edges added to a stored node by its id**, the node never loaded (adapters/by_id.py).
 - **Connections reused**: a closed context's idle connection is kept, a few per file, for the
-  next context on the same file while the file is the one it opened; `release` closes them.
+  next context on the same file while the file is the one it opened; `release` closes them. jaclang's
+  class aliases are loaded again only when another connection wrote the file (adapters/transactions.py).
 - **No write to open the store**: the schema is created (or a legacy store migrated) only when not
   current (jaclang wrote its schema row at every connection: a write each read call waited for).
 
@@ -38,7 +39,6 @@ import contextvars
 import json
 import os
 import sqlite3
-import threading
 from collections.abc import Callable, Iterator
 from datetime import datetime, timezone
 from typing import Any
@@ -57,7 +57,8 @@ from jaclang.runtimelib.changeset import ChangeSet, WriteIntent  # noqa: E402
 from contextrender.by_id import links_by_id, merge_by_id  # noqa: E402
 from contextrender.merges import merge_stored_text  # noqa: E402
 from contextrender.rows import INSERT_ROW as _INSERT, anchor_row, forget_id_texts, id_text, time_rows  # noqa: E402
-from contextrender.transactions import in_blocks, with_written, without_written, write_turn  # noqa: E402
+from contextrender.transactions import (aliases_loaded, file_key, idle_connection, in_blocks, keep_idle, release,  # noqa: E402
+                                         with_written, without_written, write_turn)
 
 __all__ = ["LENDER", "SharedSqliteStore", "StorePlugin", "busy_timeout", "file_key", "in_blocks", "install", "mongodb_configured",
            "release"]
@@ -68,45 +69,6 @@ _INSERT_NEW = _INSERT.replace("INSERT OR REPLACE", "INSERT OR IGNORE")
 # A flush creating more rows than this writes them ahead in transactions of this many.
 WRITE_AHEAD_BATCH = 2000
 _TABLES = ("anchors", "anchors_quarantine", "schema_meta", "aliases")
-# Idle connections kept per file (a context uses one at a time: one per thread that calls at once).
-MAX_IDLE = 4
-# path -> [(connection, the file's (device, inode) when it was opened)], and their lock.
-_idle: dict[str, list[tuple[sqlite3.Connection, tuple[int, int]]]] = {}
-_idle_lock = threading.Lock()
-
-
-def file_key(path: str) -> tuple[int, int] | None:
-    """The file's (device, inode), None when it is not there: tells a file replaced under a path."""
-    try:
-        found = os.stat(path)
-    except OSError:
-        return None
-    return (found.st_dev, found.st_ino)
-
-
-def _idle_connection(path: str) -> sqlite3.Connection | None:
-    """A kept connection to `path` that is still open on the file now at `path` (one to a file
-    deleted or replaced since is closed: it would read and write the old one)."""
-    now = file_key(path)
-    while True:
-        with _idle_lock:
-            kept = _idle.get(path)
-            if not kept:
-                return None
-            (conn, opened) = kept.pop()
-        if opened == now:
-            return conn
-        conn.close()
-
-
-def release(path: str | os.PathLike[str]) -> None:
-    """Close the idle connections kept for the SQLite file `path`."""
-    with _idle_lock:
-        kept = _idle.pop(str(path), [])
-    for (conn, _) in kept:
-        conn.close()
-
-
 @contextlib.contextmanager
 def collector_held() -> Iterator[None]:
     """No full collection of Python's cyclic collector inside (engine/courtesy.jac counts the holds)."""
@@ -155,14 +117,20 @@ class SharedSqliteStore(jac_memory.SqliteMemory):
     # It merges edges added to a stored node by the node's id alone, the node not loaded
     # (adapters/by_id.py): ingestion links new `Reuses` edges to earlier results that way.
     merges_edge_ids = True
+    # The connection's SQLite data_version when this store took it (read to load the aliases).
+    taken_version: int | None = None
+    # The stored edge list (ids' texts) of each node its last committed flush merged on text, by
+    # the id's number, as that flush's transaction left it (the Engine's kept anchors take their
+    # edges' order from it: adapters/working_set.py `Kept.keep`).
+    edges_written: dict[int, list[str]] | None = None
 
     def _ensure_connection(self) -> None:
         if self.__conn__ is not None:
             return
-        kept = _idle_connection(self.path)
+        kept = idle_connection(self.path)
         if kept is not None:
-            jac_memory._load_db_aliases(kept)
-            self.__conn__ = kept
+            self.taken_version = aliases_loaded(kept[0], kept[1])
+            self.__conn__ = kept[0]
             self._opened = file_key(self.path)
             return
         parent = os.path.dirname(self.path)
@@ -177,7 +145,7 @@ class SharedSqliteStore(jac_memory.SqliteMemory):
                 jac_memory._migrate_legacy_pickle_db(conn)
             else:
                 jac_memory._create_new_schema(conn)
-        jac_memory._load_db_aliases(conn)
+        self.taken_version = aliases_loaded(conn, None)
         self.__conn__ = conn
         self._opened = file_key(self.path)
 
@@ -186,12 +154,9 @@ class SharedSqliteStore(jac_memory.SqliteMemory):
         next context on this file (MAX_IDLE of them), instead of closed."""
         conn = self.__conn__
         opened = getattr(self, "_opened", None)
-        if conn is not None and opened is not None and not conn.in_transaction:
-            with _idle_lock:
-                kept = _idle.setdefault(self.path, [])
-                if len(kept) < MAX_IDLE:
-                    kept.append((conn, opened))
-                    self.__conn__ = None
+        if conn is not None and opened is not None and not conn.in_transaction \
+                and keep_idle(self.path, conn, opened, getattr(self, "taken_version", None)):
+            self.__conn__ = None
         super().close()
 
     def apply(self, changeset: ChangeSet) -> Any:
@@ -229,11 +194,13 @@ class SharedSqliteStore(jac_memory.SqliteMemory):
             ahead = self._write_ahead(rows) if len(rows) > WRITE_AHEAD_BATCH else set()
             self._prepared = {key: row for (key, row) in rows.items() if key not in ahead} if ahead else rows
             self._written_ahead, own = ahead, without_written(changeset, ahead)  # (adapters/transactions.py)
+            self._edge_lists = edges = {}
             try:
                 with write_turn(self.__conn__, self.path, busy_timeout()):
                     report = with_written(super().apply(own), changeset, ahead, own)
             finally:
-                self._prepared, self._written_ahead = {}, set()
+                self._prepared, self._written_ahead, self._edge_lists = {}, set(), None
+            self.edges_written = edges if report.applied and not report.conflicts else {}
             if ahead and (unapplied := ahead - {id.int for id in report.applied}):
                 self._take_back(unapplied)
             return report
@@ -352,7 +319,7 @@ class SharedSqliteStore(jac_memory.SqliteMemory):
     def _merge_stored_text(self, conn: sqlite3.Connection, key: str, stored: tuple, intent: WriteIntent) -> bool:
         """jaclang's merge of an intent into a stored row, made on the row's JSON where it can be
         (adapters/merges.py `merge_stored_text`); False when jaclang must merge it."""
-        return merge_stored_text(conn, key, stored, intent)
+        return merge_stored_text(conn, key, stored, intent, getattr(self, "_edge_lists", None))
 
 
 class StorePlugin:
@@ -365,24 +332,28 @@ class StorePlugin:
         if path:  # jaclang's own contexts (the in-process Engine): always a SQLite file
             return SharedSqliteStore(path=str(path))
         # jac-scale's contexts pass no path: MongoDB when configured (its backend, as before),
-        # else its configured SQLite file, as it would open it.
-        if mongodb_configured():
+        # else its configured SQLite file, as it would open it (nothing without jac-scale).
+        config = _scale_database_config()
+        if config is None or mongodb_configured(config):
             return None
-        try:
-            from jac_scale.config_loader import get_scale_config
-        except ImportError:
-            return None
-        return SharedSqliteStore(path=str(get_scale_config().get_database_config()["shelf_db_path"]))
+        return SharedSqliteStore(path=str(config["shelf_db_path"]))
 
 
-def mongodb_configured() -> bool:
-    """Whether jac-scale keeps the graph in MongoDB (MONGODB_URI, or jac.toml's mongodb_uri); the
-    store hook above and the server's (adapters/server/plugin.py) answer nothing then."""
+def _scale_database_config() -> dict | None:
+    """jac-scale's database settings (jac.toml's), None without jac-scale."""
     try:
         from jac_scale.config_loader import get_scale_config
     except ImportError:
-        return False
-    return bool(os.environ.get("MONGODB_URI") or get_scale_config().get_database_config().get("mongodb_uri"))
+        return None
+    return get_scale_config().get_database_config()
+
+
+def mongodb_configured(config: dict | None = None) -> bool:
+    """Whether jac-scale keeps the graph in MongoDB (MONGODB_URI, or jac.toml's mongodb_uri; `config`:
+    its database settings when already read); the store hook above and the server's
+    (adapters/server/plugin.py) answer nothing then."""
+    config = config if config is not None else _scale_database_config()
+    return config is not None and bool(os.environ.get("MONGODB_URI") or config.get("mongodb_uri"))
 
 
 _installed: list[StorePlugin] = []

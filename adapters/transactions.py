@@ -19,6 +19,10 @@ bounded by the busy timeout, and a big flush's own transaction without the rows 
   ahead are reported applied, in jaclang's order, when that transaction committed, and taken back
   as before when it did not.
 - **Statements over many ids** (`in_blocks`): an `IN (...)` list bound ID_BLOCK ids at a time.
+- **Idle connections kept** (`idle_connection`, `keep_idle`, `release`): a closed context's idle
+  connection is kept, a few per file, for the next context on the same file while the file is the
+  one it opened. jaclang loads the file's class aliases at each connection; a kept one loads them
+  again only when another connection committed to the file since it last did (`aliases_loaded`).
 """
 
 from __future__ import annotations
@@ -26,13 +30,20 @@ from __future__ import annotations
 import contextlib
 import os
 import sqlite3
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
 
+from contextrender.jaclang_setup import import_jaclang
 from contextrender.locks import Turns
 
-__all__ = ["ID_BLOCK", "WRITE_TURNS", "in_blocks", "with_written", "without_written", "write_turn"]
+import_jaclang()  # before any jaclang import of this module: without the server's plugins
+
+from jaclang.runtimelib import memory as jac_memory  # noqa: E402
+
+__all__ = ["ID_BLOCK", "MAX_IDLE", "WRITE_TURNS", "aliases_loaded", "file_key", "idle_connection", "in_blocks", "keep_idle",
+           "release", "with_written", "without_written", "write_turn"]
 
 # Ids bound to one `IN (...)` list (within the 999 parameters a statement of an older SQLite takes).
 ID_BLOCK = 500
@@ -98,3 +109,67 @@ def with_written(report: Any, changeset: Any, ahead: set, applied_to: Any) -> An
     report.applied = [intent.anchor.id for stage in changeset.staged() for intent in stage
                       if intent.anchor.id.int in ahead or intent.anchor.id in done]
     return report
+
+
+# Idle connections kept per file (a context uses one at a time: one per thread that calls at once).
+MAX_IDLE = 4
+# path -> [(connection, the file's (device, inode) when it was opened, its data_version when it last
+# loaded jaclang's class aliases)], and their lock.
+_idle: dict[str, list[tuple[sqlite3.Connection, tuple[int, int], int | None]]] = {}
+_idle_lock = threading.Lock()
+
+
+def file_key(path: str) -> tuple[int, int] | None:
+    """The file's (device, inode), None when it is not there: tells a file replaced under a path."""
+    try:
+        found = os.stat(path)
+    except OSError:
+        return None
+    return (found.st_dev, found.st_ino)
+
+
+def idle_connection(path: str) -> tuple[sqlite3.Connection, int | None] | None:
+    """A kept connection to `path` that is still open on the file now at `path` (one to a file
+    deleted or replaced since is closed: it would read and write the old one), and its
+    data_version when it last loaded the aliases."""
+    now = file_key(path)
+    while True:
+        with _idle_lock:
+            kept = _idle.get(path)
+            if not kept:
+                return None
+            (conn, opened, aliased) = kept.pop()
+        if opened == now:
+            return (conn, aliased)
+        conn.close()
+
+
+def aliases_loaded(conn: sqlite3.Connection, aliased: int | None) -> int:
+    """jaclang's class aliases stored in the file loaded, as jaclang loads them at each connection
+    (`_load_db_aliases`: an alias its CLI adds applies to the next context), unless no other
+    connection committed to the file since `conn` last loaded them (SQLite's `data_version` on
+    `conn` is then `aliased`: the aliases table is as it read it; an alias added through `conn`
+    itself is put in jaclang's registry by jaclang as it adds it). Its data_version now."""
+    version = conn.execute("PRAGMA data_version").fetchone()[0]
+    if version != aliased:
+        jac_memory._load_db_aliases(conn)
+    return version
+
+
+def release(path: str | os.PathLike[str]) -> None:
+    """Close the idle connections kept for the SQLite file `path`."""
+    with _idle_lock:
+        kept = _idle.pop(str(path), [])
+    for (conn, *_) in kept:
+        conn.close()
+
+
+def keep_idle(path: str, conn: sqlite3.Connection, opened: tuple[int, int], aliased: int | None) -> bool:
+    """Keep `conn` (on the file `opened`, its aliases loaded at data_version `aliased`) for the next
+    context on `path`, unless MAX_IDLE are kept already; whether it was kept."""
+    with _idle_lock:
+        kept = _idle.setdefault(path, [])
+        if len(kept) >= MAX_IDLE:
+            return False
+        kept.append((conn, opened, aliased))
+        return True

@@ -231,17 +231,16 @@ class Kept:
     def clear(self) -> None:
         (self.anchors, self.unbaselined, self.lent) = ({}, set(), {})
 
-    def _stored(self, ids: list[UUID]) -> dict[str, Any]:
-        """The stored edge list (JSON) of each of `ids` that has a row."""
+    def _stored(self, ids: list[UUID]) -> dict[str, Any]:  # the stored edge list (JSON) of each of `ids` that has a row
         return dict(in_blocks(self.conn, "SELECT id, json_extract(data, '$.edges') FROM anchors WHERE id IN (?ids)", [str(id) for id in ids]))
 
-    def keep(self, working: dict[UUID, Anchor], written: set[UUID]) -> None:
+    def keep(self, working: dict[UUID, Anchor], written: set[UUID], edge_lists: dict[int, list[str]] | None = None) -> None:
         """Keep the anchors a committed call left in `working`, as stored: the ones it only loaded as
         they are, the nodes it wrote or made with no baseline (set when next lent, if the commit needs
         it: adapters/lent.py). Not kept: a node it made but did not store (edgeless), an edge it made
-        (reached only through its node, whose kept edges are stubs: loaded anyway; none ever was)."""
-        written_keys = {id.int for id in written}
-        for key in written_keys:
+        (reached only through its node, whose kept edges are stubs: loaded anyway; none ever was). The
+        stored edge lists its last flush wrote (`edge_lists`, the store's `edges_written`) are not read."""
+        for key in (written_keys := {id.int for id in written}):
             self.forget(key)
         # Taken without a baseline and not written: kept still without one.
         unhashed = {id.int for (id, taken) in self.lent.items() if not taken.baselined} - written_keys
@@ -252,23 +251,22 @@ class Kept:
         if len(changed) > MAX_KEPT:
             candidates = [a for a in candidates if a.id.int not in written_keys]
             changed = []
-        # The stored edge order is read only for a stored node whose edge set changed (the store merges a
+        # The stored edge order is taken only for a stored node whose edge set changed (the store merges a
         # delta in its own order): a node made in the call (never loaded) was written whole, in its order.
         ordered = {a.id.int: a.id for a in changed if isinstance(a, NodeAnchor) and (initial := a.__dict__.get("_initial_edge_ids"))
                    is not None and initial != frozenset(e.id for e in a.edges)}
-        stored = self._stored(list(ordered.values())) if ordered else {}
+        edge_lists = dict(edge_lists or {})
+        if unknown := [id for (key, id) in ordered.items() if key not in edge_lists]:
+            edge_lists.update((UUID(text).int, json.loads(order) if order else []) for (text, order) in self._stored(unknown).items())
         for anchor in candidates:
             key = anchor.id.int
             if key in unhashed:
                 self.unbaselined.add(key)
             elif key in written_keys:
                 if key in ordered:
-                    text = str(anchor.id)
-                    if text not in stored:
-                        continue
-                    order = json.loads(stored[text]) if stored[text] else []
+                    order = edge_lists.get(key)
                     edges = {str(e.id): e for e in anchor.edges}
-                    if len(order) != len(anchor.edges) or set(order) != set(edges):
+                    if order is None or len(order) != len(anchor.edges) or set(order) != set(edges):
                         continue
                     anchor.edges = [edges[e] for e in order]
                 self.unbaselined.add(key)
@@ -299,10 +297,10 @@ class KeptAnchors:
         self._kept: Kept | None = None
 
     def lend_to(self, mem: Any) -> Kept | None:
-        """Give `mem` (a call's OneCommitMemory on the watched SQLite file) the kept anchors (those
-        its context took its root from, `take`), if nobody else wrote the store since they were
-        kept, else an empty set; None when it cannot have them (no watch, another file, the file
-        not made yet, a plugin answering the access checks)."""
+        """Give `mem` (a call's OneCommitMemory on the watched SQLite file) the kept anchors (those its
+        context took its root from, `take`), if nobody else wrote the store since they were kept, else
+        an empty set; None when it cannot have them (no watch, another file, the file not made yet, a
+        plugin answering the access checks)."""
         l3 = mem.l3
         kept = l3.__dict__.pop("kept_begun") if "kept_begun" in getattr(l3, "__dict__", {}) else self._begin(l3)
         if kept is not None:
@@ -324,17 +322,19 @@ class KeptAnchors:
         if watch is None or getattr(l3, "path", None) != self._path or not jaclang_checks_access():
             return None
         now = file_key(self._path)
+        own = None  # (its data_version: the one the store read as it took the connection, if just now)
         if l3.__conn__ is None:
             if now is None:
                 return None
             l3._ensure_connection()
+            own = getattr(l3, "taken_version", None)
         conn = l3.__conn__
         with self._lock:
             (kept, self._kept) = (self._kept, None)
         if kept is None or kept.opened != now:
             kept = Kept(path=self._path, opened=now)
         try:
-            own = _data_version(conn)
+            own = _data_version(conn) if own is None else own
             version = self._watch_version()
         except sqlite3.Error:
             return None
@@ -356,7 +356,7 @@ class KeptAnchors:
             return
         try:
             kept.conn = conn
-            kept.keep(working, written)
+            kept.keep(working, written, getattr(mem.l3, "edges_written", None))
             version = self._watch_version()
             unchanged = version is not None and _data_version(conn) == own
         except sqlite3.Error:

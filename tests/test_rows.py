@@ -232,3 +232,26 @@ def test_a_values_text_is_json_dumps_of_it():
               Level.LOW, Count(3), Ratio(0.5), np.float64(0.1)]
     for value in values:
         assert rows.value_text(value) == json.dumps(value), value
+
+
+def test_a_container_of_scalars_is_serialised_as_jaclang_serialises_it_and_as_a_copy():
+    """`serialised_value` copies a list of scalars, or a dict of scalars by str keys, whole (its
+    types told in C): jaclang's `_serialize_value` of it, for the scalars' subclasses (an Enum of
+    int, a str subclass, a numpy float), keys that are not str, nesting and empty ones; and a copy,
+    never the value itself (a merge keeps the result in its remembered parse of the row)."""
+    from jaclang.runtimelib.serializer import Serializer
+
+    values = [[], {}, [1, "a", None, 2.5, True], {"k": 1, "l": "x", "m": None, "n": 0.5, "o": False},
+              [Level.LOW, 1], [Word("sub"), "a"], [np.float64(0.1)], {"a": Count(3)}, {"r": Ratio(0.5)},
+              {1: "one"}, {True: 1, "x": 2}, {None: 1}, {Word("key"): 1}, [[1, 2], {"a": [3]}], {"a": {"b": [1, "c"]}},
+              [(1, 2)], {"t": (1, "x")}, [Colour.RED], {"c": Colour.RED}]
+    for value in values:
+        made = rows.serialised_value(value)
+        expected = Serializer._serialize_value(value, True)
+        assert json.dumps(made) == json.dumps(expected) and json.dumps(made, sort_keys=True, default=str) == json.dumps(
+            expected, sort_keys=True, default=str), value
+        assert made is not value or not isinstance(value, (list, dict)), value
+    scalars = [1, "a", None]
+    made = rows.serialised_value(scalars)
+    scalars.append(2)
+    assert made == [1, "a", None]

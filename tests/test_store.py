@@ -15,7 +15,7 @@ import uuid
 
 from conftest import assistant, call, db_file, hold_write_lock, tool, tool_rounds, trace_prefix, user
 
-from contextrender import Engine, store
+from contextrender import Engine, store, transactions
 
 HELD = 5.6  # seconds: longer than the 5 s lock wait jaclang opens its SQLite file with
 
@@ -247,7 +247,7 @@ def test_calls_reuse_an_idle_connection_and_never_one_to_a_replaced_file(tmp_pat
     assert len(opened) == before, "each call opened its own connection"
     assert engine.get_session("s")["events"] == 6
     engine.close()
-    assert store._idle.get(str(tmp_path / "store" / ".jac" / "data" / "main.db")) is None, "close keeps no idle connection"
+    assert transactions._idle.get(str(tmp_path / "store" / ".jac" / "data" / "main.db")) is None, "close keeps no idle connection"
 
     engine = Engine(tmp_path / "again")
     engine.ingest("t", [user("first store")])
@@ -384,3 +384,31 @@ def test_one_check_of_mongodb_answers_both_store_hooks(monkeypatch):
     monkeypatch.setattr(bulk_mongo, "BulkMongoBackend", Bulk)
     assert isinstance(ServerPlugin.get_persistent_memory({}), Bulk)
     assert store.StorePlugin.get_persistent_memory({"db_path": "/tmp/unused.db"}) is not None
+
+
+def test_a_kept_connection_loads_the_aliases_again_only_after_another_connection_wrote(tmp_path, monkeypatch):
+    """jaclang loads the file's class aliases at each connection, so that one its CLI adds applies
+    to the next context; a kept connection loads them again only when another connection committed
+    to the file since it last did (its data_version moved), and the call then has the new alias."""
+    from jaclang.runtimelib.serializer import Serializer
+
+    loads: list[int] = []
+    load = store.jac_memory._load_db_aliases
+    monkeypatch.setattr(store.jac_memory, "_load_db_aliases", lambda conn: loads.append(1) or load(conn))
+    monkeypatch.setattr(Serializer, "_aliases", dict(Serializer._aliases))
+    engine = Engine(tmp_path / "store")
+    engine.ingest("s", [user("one")])
+    before = len(loads)
+    for n in range(3):
+        engine.ingest("s", [user(f"more {n}")], append=True)
+    assert len(loads) == before, "a kept connection read the aliases again with nobody else writing"
+    other = sqlite3.connect(engine._keepalive_path)
+    other.execute("INSERT INTO aliases (old_name, new_name, created_at) VALUES ('old.Kind', 'graph.context.Session', 'now')")
+    other.commit()
+    other.close()
+    engine.ingest("s", [user("after the alias")], append=True)
+    assert len(loads) == before + 1 and Serializer._aliases.get("old.Kind") == "graph.context.Session"
+    engine.ingest("s", [user("once more")], append=True)
+    assert len(loads) == before + 1
+    assert engine.get_session("s")["events"] == 6
+    engine.close()
