@@ -42,8 +42,8 @@ _FROM: dict[str, tuple[str, ...]] = {
                        "FOLD_MARKER_OPENING"),
     "engine.values": ("recall_tokens",),
     # The assistant normal form and echo matching ingestion uses (the proxy stores and forwards
-    # answers in that form).
-    "engine.messages": ("normal_form", "same_event", "detached"),
+    # answers in that form), and the proxy's promise never to change a message it sent.
+    "engine.messages": ("normal_form", "same_event", "detached", "SENT_UNCHANGED"),
     # The memory setting the proxy bounds its own per-session state by.
     "engine.index": ("cache_bytes_setting",),
     # The request rules the server also applies to every JSON body (adapters/server/app.py).

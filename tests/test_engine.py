@@ -9,7 +9,7 @@ import textwrap
 
 import pytest
 
-from contextrender import Engine, InvalidRequest
+from contextrender import Engine, InvalidRequest, core
 
 WRITER = textwrap.dedent(
     """
@@ -196,3 +196,39 @@ def test_a_message_the_caller_rewrites_in_place_is_a_rewrite(engine, tmp_path):
     assert engine.get_session("s")["branch"] == 1
     fresh = Engine(engine.store)
     assert fresh.get_session("s", include_messages=True)["messages"] == messages
+
+
+class _Counted(dict):
+    """A message that counts how often it is compared by value (`==`): a list comparison asks
+    `is` first, so a message compared with itself is never counted."""
+
+    compared = 0
+
+    def __eq__(self, other):
+        _Counted.compared += 1
+        return dict.__eq__(self, other)
+
+    __hash__ = None
+
+
+def _history_compared(engine, promised: bool) -> int:
+    """How many messages the second call of a growing history compares by value, with or
+    without the caller's promise never to change what it sent (engine/messages.jac SENT_UNCHANGED)."""
+    messages = [_Counted(message) for message in _reading()]
+    more = messages + [_Counted(role="assistant", content="done"), _Counted(role="user", content="next")]
+    token = core.SENT_UNCHANGED.set(promised)
+    try:
+        engine.render("s", messages, budget=2000)
+        _Counted.compared = 0
+        engine.render("s", more, budget=2000)
+    finally:
+        core.SENT_UNCHANGED.reset(token)
+    assert engine.get_session("s")["branch"] == 0 and engine.get_session("s")["events"] == len(more)
+    return _Counted.compared
+
+
+def test_a_caller_that_promises_never_to_change_a_message_has_its_history_compared_by_identity(engine, tmp_path):
+    # Promised: the index keeps the caller's own messages, and the resent history meets the same
+    # objects (none compared by value). Not promised: copies, each resent message compared by value.
+    assert _history_compared(engine, True) == 0
+    assert _history_compared(Engine(tmp_path / "other"), False) >= len(_reading())

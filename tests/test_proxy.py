@@ -201,6 +201,38 @@ def test_answers_echoed_over_many_turns_never_fork_the_session(engine, upstream)
     assert spy.forks == [-1, -1, -1, -1]
 
 
+def test_the_next_request_s_history_meets_the_objects_the_engine_kept_of_the_last(engine, upstream, monkeypatch):
+    # The proxy never changes a message it sent (tests/test_proxy_bodies.py, test_5) and says so
+    # (sessions.sent_unchanged): the in-process engine's index keeps the proxy's own messages,
+    # and each later request's resent history is, object for object, what the index holds (the
+    # comparison asks `is` first). Without the promise the index keeps copies: none the same.
+    import walkers.ingest
+
+    split = walkers.ingest.split_messages
+    met = []
+
+    def counting(messages, known=[]):
+        sent = {id(message) for message in messages}
+        met.append((len(known), sum(id(stored) in sent for stored in known)))
+        return split(messages, known)
+
+    monkeypatch.setattr(walkers.ingest, "split_messages", counting)
+    messages = conversation(results=2, words=10)[:-1]
+    with LoopbackServer(create_app(engine, upstream.base_url, BUDGET)) as server:
+        for turn in range(4):
+            call_id = f"call_turn_{turn}"
+            upstream.enqueue(content=None, tool_calls=[call(call_id, "read_file", {"path": f"t{turn}.py"})])
+            response = httpx.post(f"{server.url}/v1/chat/completions", json={"model": "m", "messages": messages},
+                                  headers={SESSION_HEADER: "owned"})
+            assert response.status_code == 200
+            messages = messages + [response.json()["choices"][0]["message"], tool(call_id, f"contents of t{turn}.py")]
+            wait_for_events(engine, "owned", len(messages) - 2)
+    # The renders after the first compare a stored history (an answer appended alone compares none).
+    compared = [(known, same) for (known, same) in met if known]
+    assert len(compared) == 3 and all(same == known for (known, same) in compared), compared
+    assert engine.get_session("owned")["branch"] == 0
+
+
 def test_session_comes_from_the_header_or_the_stable_prefix(engine, upstream, proxy):
     first = conversation(results=2, words=5)
     later = first[:-1] + [assistant("ok"), user("next step")]

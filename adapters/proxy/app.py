@@ -27,7 +27,7 @@ from contextrender.proxy.defaults import DEFAULT_ANSWER_DELAY, DEFAULT_RESTORE_R
 from contextrender.proxy.interfaces import Backend, Format, field
 from contextrender.proxy.protocols import PROTOCOLS, Protocol, format_of_path, format_of_request
 from contextrender.proxy.restores import RequestRounds, Restores, first_body
-from contextrender.proxy.sessions import Sessions, chain_events, derive_session, model_encoding, named_session
+from contextrender.proxy.sessions import Sessions, chain_events, derive_session, model_encoding, named_session, sent_unchanged
 from contextrender.proxy.upstream import Upstream, error
 from contextrender.settings import positive_number
 
@@ -214,7 +214,7 @@ class _Proxy:
                 usage = {"usage": answer.usage} if answer is not None and answer.usage else {}
                 rendering = time.perf_counter()
                 result = await run_in_threadpool(
-                    lambda: self.backend.render(session_id, prepared, budget=budget, selector=selector, **usage)
+                    lambda: sent_unchanged(self.backend.render, session_id, prepared, budget=budget, selector=selector, **usage)
                 )
                 answer = None
                 self.metrics.rendered(protocol.name, field(result, "full_history_tokens"), field(result, "history_tokens"),
