@@ -203,7 +203,7 @@ def test_answers_echoed_over_many_turns_never_fork_the_session(engine, upstream)
 
 def test_the_next_request_s_history_meets_the_objects_the_engine_kept_of_the_last(engine, upstream, monkeypatch):
     # The proxy never changes a message it sent (tests/test_proxy_bodies.py, test_5) and says so
-    # (sessions.sent_unchanged): the in-process engine's index keeps the proxy's own messages,
+    # (interfaces.sent_unchanged): the in-process engine's index keeps the proxy's own messages,
     # and each later request's resent history is, object for object, what the index holds (the
     # comparison asks `is` first). Without the promise the index keeps copies: none the same.
     import walkers.ingest

@@ -24,10 +24,10 @@ from contextrender.metrics import CountRequests, ProxyMetrics, metrics_response
 from contextrender.proxy.admission import Admission, allowed_origins_setting
 from contextrender.proxy.bodies import Bodies, unnamed_key
 from contextrender.proxy.defaults import DEFAULT_ANSWER_DELAY, DEFAULT_RESTORE_ROUNDS, DEFAULT_SELECTOR, DEFAULT_UPSTREAM_TIMEOUT
-from contextrender.proxy.interfaces import Backend, Format, field
+from contextrender.proxy.interfaces import Backend, Format, field, sent_unchanged
 from contextrender.proxy.protocols import PROTOCOLS, Protocol, format_of_path, format_of_request
 from contextrender.proxy.restores import RequestRounds, Restores, first_body
-from contextrender.proxy.sessions import Sessions, chain_events, derive_session, model_encoding, named_session, sent_unchanged
+from contextrender.proxy.sessions import Sessions, chain_events, derive_session, model_encoding, named_session
 from contextrender.proxy.upstream import Upstream, error
 from contextrender.settings import positive_number
 

@@ -3,9 +3,12 @@ server) and of a protocol's format layer (chat completions, Anthropic Messages, 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Protocol
 
-__all__ = ["Backend", "Exchange", "Format", "RoundReader", "RestoreProtocol", "StreamReader", "field"]
+from contextrender import core
+
+__all__ = ["Backend", "Exchange", "Format", "RoundReader", "RestoreProtocol", "StreamReader", "field", "sent_unchanged"]
 
 
 class Backend(Protocol):
@@ -24,6 +27,20 @@ class Backend(Protocol):
     def restore(self, session_id: str, handle: str) -> Any: ...
 
     def search_results(self, session_id: str, query: str, *, limit: int = 5) -> Any: ...
+
+
+def sent_unchanged(call: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """`call(*args, **kwargs)` under the proxy's promise never to change a message it sends, nor
+    anything in it (engine/messages.jac SENT_UNCHANGED; tests/test_proxy_bodies.py checks that
+    a parsed history is never changed in place): an in-process engine's index keeps the proxy's
+    own messages, and the next request's resent history, the same objects (the parsed prefix
+    `Bodies` keeps, the normal forms and answers `reconcile` keeps), is compared by identity. A
+    server backend parses what it is sent: the promise has nothing to keep there."""
+    promised = core.SENT_UNCHANGED.set(True)
+    try:
+        return call(*args, **kwargs)
+    finally:
+        core.SENT_UNCHANGED.reset(promised)
 
 
 class Exchange(Protocol):

@@ -21,9 +21,9 @@ from starlette.concurrency import run_in_threadpool
 
 from contextrender import core
 from contextrender.core import UnknownSession, cache_bytes_setting, content_text, get_tokenizer, normal_form, same_event
-from contextrender.proxy.interfaces import Backend
+from contextrender.proxy.interfaces import Backend, sent_unchanged
 
-__all__ = ["Answer", "SessionState", "Sessions", "derive_session", "model_encoding", "named_session", "sent_unchanged"]
+__all__ = ["Answer", "SessionState", "Sessions", "derive_session", "model_encoding", "named_session"]
 
 log = logging.getLogger("contextrender.proxy")
 
@@ -33,20 +33,6 @@ _DIGITS = re.compile(r"\d+")
 STATE_SHARE = 16
 # A session's state without its answers (lock, counters, its table entry).
 STATE_BYTES = 600
-
-
-def sent_unchanged(call: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-    """`call(*args, **kwargs)` under the proxy's promise never to change a message it sends, nor
-    anything in it (engine/messages.jac SENT_UNCHANGED; tests/test_proxy_bodies.py checks that
-    a parsed history is never changed in place): an in-process engine's index keeps the proxy's
-    own messages, and the next request's resent history, the same objects (the parsed prefix
-    `Bodies` keeps, the normal forms and answers `reconcile` keeps), is compared by identity. A
-    server backend parses what it is sent: the promise has nothing to keep there."""
-    promised = core.SENT_UNCHANGED.set(True)
-    try:
-        return call(*args, **kwargs)
-    finally:
-        core.SENT_UNCHANGED.reset(promised)
 
 
 def chain_events(messages: list[dict]) -> int:
