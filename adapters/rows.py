@@ -156,7 +156,7 @@ def serialised_value(val: Any) -> Any:
     of scalars, or a dict of scalars by str keys (most of a render's figures and lists), is copied
     whole: its types told by `map(type, ...)` in C, not by a call for each item."""
     kind = type(val)
-    if kind is str or kind is int or kind is float or kind is bool or val is None:
+    if kind in _SCALARS:
         return val
     if kind is list:
         if set(map(type, val)) <= _SCALARS:

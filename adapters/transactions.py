@@ -42,8 +42,8 @@ import_jaclang()  # before any jaclang import of this module: without the server
 
 from jaclang.runtimelib import memory as jac_memory  # noqa: E402
 
-__all__ = ["ID_BLOCK", "MAX_IDLE", "WRITE_TURNS", "aliases_loaded", "file_key", "idle_connection", "in_blocks", "keep_idle",
-           "release", "with_written", "without_written", "write_turn"]
+__all__ = ["ID_BLOCK", "MAX_IDLE", "WRITE_TURNS", "aliases_loaded", "data_version", "file_key", "idle_connection", "in_blocks",
+           "keep_idle", "release", "with_written", "without_written", "write_turn"]
 
 # Ids bound to one `IN (...)` list (within the 999 parameters a statement of an older SQLite takes).
 ID_BLOCK = 500
@@ -144,13 +144,18 @@ def idle_connection(path: str) -> tuple[sqlite3.Connection, int | None] | None:
         conn.close()
 
 
+def data_version(conn: sqlite3.Connection) -> int:
+    """SQLite's count that changes when another connection commits to the file (not this one)."""
+    return conn.execute("PRAGMA data_version").fetchone()[0]
+
+
 def aliases_loaded(conn: sqlite3.Connection, aliased: int | None) -> int:
     """jaclang's class aliases stored in the file loaded, as jaclang loads them at each connection
     (`_load_db_aliases`: an alias its CLI adds applies to the next context), unless no other
     connection committed to the file since `conn` last loaded them (SQLite's `data_version` on
     `conn` is then `aliased`: the aliases table is as it read it; an alias added through `conn`
     itself is put in jaclang's registry by jaclang as it adds it). Its data_version now."""
-    version = conn.execute("PRAGMA data_version").fetchone()[0]
+    version = data_version(conn)
     if version != aliased:
         jac_memory._load_db_aliases(conn)
     return version

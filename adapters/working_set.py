@@ -28,7 +28,7 @@ from jaclang.runtimelib.changeset import ApplyReport, ChangeSet  # noqa: E402
 
 from contextrender.lent import UNKNOWN_HASH, Lent, lent, rebaseline, remember_edges  # noqa: E402
 from contextrender.by_id import LinkedById  # noqa: E402
-from contextrender.store import file_key, in_blocks  # noqa: E402
+from contextrender.transactions import data_version, file_key, in_blocks  # noqa: E402
 
 __all__ = ["KeptAnchors", "NewAnchorsUnhashed", "OneCommitMemory", "RebaselinedInSlices", "jaclang_checks_access", "server_memory_class"]
 
@@ -158,11 +158,6 @@ class OneCommitMemory(NewAnchorsUnhashed, jac_memory.TieredMemory):
         super().delete(id)
 
 
-def _data_version(conn: sqlite3.Connection) -> int:
-    """SQLite's count that changes when another connection commits to the file (not this one)."""
-    return conn.execute("PRAGMA data_version").fetchone()[0]
-
-
 def _unlinked(anchor: Anchor) -> Anchor:
     """`anchor` with the anchors it links to as unloaded stubs: a kept anchor reaches no other
     anchor of its call, so each one it reaches later is loaded through the working set (from the
@@ -231,7 +226,8 @@ class Kept:
     def clear(self) -> None:
         (self.anchors, self.unbaselined, self.lent) = ({}, set(), {})
 
-    def _stored(self, ids: list[UUID]) -> dict[str, Any]:  # the stored edge list (JSON) of each of `ids` that has a row
+    def _stored(self, ids: list[UUID]) -> dict[str, Any]:
+        """The stored edge list (JSON) of each of `ids` that has a row."""
         return dict(in_blocks(self.conn, "SELECT id, json_extract(data, '$.edges') FROM anchors WHERE id IN (?ids)", [str(id) for id in ids]))
 
     def keep(self, working: dict[UUID, Anchor], written: set[UUID], edge_lists: dict[int, list[str]] | None = None) -> None:
@@ -334,7 +330,7 @@ class KeptAnchors:
         if kept is None or kept.opened != now:
             kept = Kept(path=self._path, opened=now)
         try:
-            own = _data_version(conn) if own is None else own
+            own = data_version(conn) if own is None else own
             version = self._watch_version()
         except sqlite3.Error:
             return None
@@ -358,7 +354,7 @@ class KeptAnchors:
             kept.conn = conn
             kept.keep(working, written, getattr(mem.l3, "edges_written", None))
             version = self._watch_version()
-            unchanged = version is not None and _data_version(conn) == own
+            unchanged = version is not None and data_version(conn) == own
         except sqlite3.Error:
             (version, unchanged) = (None, False)
         finally:
@@ -375,7 +371,7 @@ class KeptAnchors:
         connection's cached statements between threads, and two threads stepping the same one
         meanwhile get no row (seen in about a fifth of the 8-thread engine test's runs)."""
         with self._lock:
-            return None if self._watch is None else _data_version(self._watch)
+            return None if self._watch is None else data_version(self._watch)
 
     def close(self) -> None:
         """Forget the kept anchors, and keep none from now on (the watch is closed)."""
