@@ -1125,3 +1125,41 @@ def test_the_positions_kept_per_index_are_those_a_walk_finds():
             assert events_of(index, "user", end) == [e for e in range(end) if roles[e] == "user"]
             assert last_assistant(index, end) == max([e for e in range(end) if roles[e] == "assistant"], default=-1)
             assert message_starts(index, end) == [e for e in range(end) if roles[e] != "tool"]
+
+
+def test_the_system_messages_are_parsed_once_per_stored_text_and_again_when_it_changes(tmp_path):
+    """A render sends the session's system messages from its index's parse of the stored text
+    (SessionIndex.system_seen): two renders of one system prompt parse it once, and a request that
+    changes the prompt is rendered with the new one (whose parse is kept next)."""
+    from engine.index import SESSION_CACHE
+
+    engine = Engine(tmp_path / "store")
+
+    def parsed() -> list:
+        (index,) = [index for (key, index) in SESSION_CACHE._indexes.items() if str(tmp_path) in key]
+        return index.system_seen[1]
+
+    first = {"role": "system", "content": "You are terse."}
+    second = {"role": "system", "content": "You are thorough."}
+    history = [user("go"), assistant(None, call("c1", "read", {"p": "a"})), tool("c1", "alpha"), user("next")]
+    one = engine.render("sys", [first] + history, budget=5000)
+    kept = parsed()
+    assert one.messages[0] == first and kept == [first]
+    assert engine.render("sys", [first] + history, budget=5000).messages == one.messages and parsed() is kept
+    three = engine.render("sys", [second] + history + [assistant("ok")], budget=5000)
+    assert three.messages == [second] + one.messages[1:] + [assistant("ok")] and parsed() == [second]
+    kept = parsed()
+    assert engine.render("sys", [second] + history + [assistant("ok")], budget=5000).messages == three.messages
+    assert parsed() is kept
+    engine.close()
+
+
+def test_the_settings_a_render_stores_are_those_dataclasses_gives():
+    """RenderConfig.settings (stored with each render's request) is dataclasses.asdict of the config,
+    in the same order, for the defaults and for settings given."""
+    import dataclasses
+
+    from engine.config import RenderConfig
+
+    for config in (RenderConfig(), RenderConfig.build({"selector": "cr-recency", "fold_target": 0.4, "condense": False})):
+        assert list(config.settings().items()) == list(dataclasses.asdict(config).items())
