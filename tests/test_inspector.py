@@ -648,30 +648,3 @@ def test_status_code_reads_what_the_model_met_and_expands_back():
             assert status_counts(code) == {k: letters.count(k) for k in set(letters)}
     assert status_code(None, SimpleNamespace(selected=False, results=4, messages=[]), None) == "k4"
     assert expand_statuses("k2o3") == ["kept", "kept", "omitted", "omitted", "omitted"]  # a log written before
-
-
-def test_a_log_packed_from_its_pieces_reads_back_as_its_json_list():
-    """pack_pieces: the log's JSON list from one deflate piece an entry, each reading back into the
-    entries before it. Over a log that grows past RENDER_LOG and slides, with entries of every size
-    (none, long, not ASCII), and after a log read from the store (no pieces), it unpacks to exactly
-    the list's text; only the missing pieces and those that read entries since dropped are made."""
-    import random
-
-    from walkers.renderlog import PACKED_LOG, PIECE_CONTEXT, RENDER_LOG, pack_pieces
-
-    rng = random.Random(30)
-    (texts, pieces) = ([], [])
-    for n in range(RENDER_LOG + 40):
-        entry = {"n": n, "statuses": "".join(rng.choice("kcsfd") + str(rng.randint(1, 9)) for _ in range(rng.randint(0, 400))),
-                 "reason": rng.choice(["", "fits", "é — ünïcode", "x" * 3000])}
-        texts = (texts + [json.dumps(entry)])[-RENDER_LOG:]
-        pieces = (pieces + [None])[-RENDER_LOG:]
-        if n == 70:  # as after a read from the store: every piece made again
-            pieces = [None] * len(texts)
-        before = list(pieces)
-        packed = pack_pieces(texts, pieces)
-        assert packed.startswith(PACKED_LOG)
-        assert zlib.decompress(base64.b64decode(packed[len(PACKED_LOG):])).decode("utf-8") == "[" + ", ".join(texts) + "]"
-        assert all(piece is not None and piece[0] == min(i, PIECE_CONTEXT) for (i, piece) in enumerate(pieces))
-        made = [i for (i, piece) in enumerate(pieces) if piece is not before[i]]
-        assert all(before[i] is None or i < PIECE_CONTEXT for i in made)
