@@ -33,3 +33,30 @@ def without_restore_tool(sent: dict, tool: dict, turns: str) -> dict:
         return dict(sent, tools=tools[:-1]) if len(tools) > 1 else {k: v for (k, v) in sent.items() if k != "tools"}
     assert "contextrender_restore" not in json.dumps(sent[turns])
     return sent
+
+
+def objects_met(monkeypatch) -> list[tuple[int, int]]:
+    """For each ingestion from now on: how many stored events it compared the request's history
+    with, and how many of those are the very objects the request sent (the proxy's promise never
+    to change a message it sent, interfaces.sent_unchanged, lets the in-process engine keep the
+    proxy's own objects, and the next request's resent history is then compared by identity).
+    Without the promise the engine keeps copies: none the same."""
+    import walkers.ingest
+
+    split = walkers.ingest.split_messages
+    met: list[tuple[int, int]] = []
+
+    def counting(messages, known=[]):  # noqa: B006 - split_messages' own default
+        sent = {id(message) for message in messages}
+        met.append((len(known), sum(id(stored) in sent for stored in known)))
+        return split(messages, known)
+
+    monkeypatch.setattr(walkers.ingest, "split_messages", counting)
+    return met
+
+
+def all_met(met: list[tuple[int, int]], renders: int) -> bool:
+    """Whether each of the `renders` ingestions that compared a stored history met only the
+    objects it stored (an answer appended alone compares none)."""
+    compared = [(known, same) for (known, same) in met if known]
+    return len(compared) == renders and all(same == known for (known, same) in compared)

@@ -18,7 +18,7 @@ from contextrender.proxy import BUDGET_HEADER, SELECTOR_HEADER, SESSION_HEADER, 
 from engine.errors import InvalidRequest
 from engine.measure import CALL_OVERHEAD, MESSAGE_OVERHEAD, PART_TOKENS, get_tokenizer
 from tests.conftest import anthropic_conversation, call, scripted_tool_loop, trace_prefix
-from tests.proxy_fixtures import proxy_url_at, without_restore_tool
+from tests.proxy_fixtures import all_met, objects_met, proxy_url_at, without_restore_tool
 from tests.test_proxy import wait_for_events
 
 BUDGET = 3000
@@ -265,6 +265,24 @@ def test_answers_echoed_by_the_sdk_never_fork_the_session(engine, upstream, prox
     assert info["usage"]["requests"] == 5
     stored = [m for m in info["messages"] if m["role"] == "assistant"][-2]
     assert stored["content"][0] == {"type": "thinking", "thinking": "Reasoning for step 3.", "signature": signature("Reasoning for step 3.")}
+
+
+def test_the_next_request_s_history_meets_the_objects_the_engine_kept_of_the_last(engine, upstream, proxy_url, monkeypatch):
+    # As tests/test_proxy.py's test of the same name, in Messages: the turns are put in the
+    # engine's normal form at each request, and `reconcile` hands the engine the last request's
+    # normal forms for the turns resent unchanged, the objects its index kept under the promise.
+    met = objects_met(monkeypatch)
+    turns: list[dict] = [{"role": "user", "content": "Fix the failing test in module_alpha."}]
+    for turn in range(4):
+        call_id = f"toolu_owned_{turn}"
+        upstream.enqueue(content=f"Step {turn}.", tool_calls=[call(call_id, "bash", {"command": f"cat file_{turn}.py"})])
+        body = {"model": MODEL, "max_tokens": 64, "system": "You are a coding agent.", "messages": turns}
+        response = httpx.post(f"{proxy_url}/v1/messages", json=body, headers={SESSION_HEADER: "owned"})
+        assert response.status_code == 200
+        turns = turns + [{"role": "assistant", "content": response.json()["content"]},
+                         {"role": "user", "content": [{"type": "tool_result", "tool_use_id": call_id, "content": f"contents of file_{turn}.py"}]}]
+    assert all_met(met, 3), met
+    assert engine.get_session("owned")["branch"] == 0
 
 
 def test_kept_turns_round_trip_exactly(engine, upstream, proxy_url):

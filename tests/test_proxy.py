@@ -21,6 +21,7 @@ from contextrender.proxy import (
 from engine.measure import get_tokenizer
 from engine.notices import restore_tool
 from tests.conftest import assistant, call, tool, user
+from tests.proxy_fixtures import all_met, objects_met
 
 TOK = get_tokenizer()
 BUDGET = 600
@@ -206,17 +207,7 @@ def test_the_next_request_s_history_meets_the_objects_the_engine_kept_of_the_las
     # (interfaces.sent_unchanged): the in-process engine's index keeps the proxy's own messages,
     # and each later request's resent history is, object for object, what the index holds (the
     # comparison asks `is` first). Without the promise the index keeps copies: none the same.
-    import walkers.ingest
-
-    split = walkers.ingest.split_messages
-    met = []
-
-    def counting(messages, known=[]):
-        sent = {id(message) for message in messages}
-        met.append((len(known), sum(id(stored) in sent for stored in known)))
-        return split(messages, known)
-
-    monkeypatch.setattr(walkers.ingest, "split_messages", counting)
+    met = objects_met(monkeypatch)
     messages = conversation(results=2, words=10)[:-1]
     with LoopbackServer(create_app(engine, upstream.base_url, BUDGET)) as server:
         for turn in range(4):
@@ -228,8 +219,7 @@ def test_the_next_request_s_history_meets_the_objects_the_engine_kept_of_the_las
             messages = messages + [response.json()["choices"][0]["message"], tool(call_id, f"contents of t{turn}.py")]
             wait_for_events(engine, "owned", len(messages) - 2)
     # The renders after the first compare a stored history (an answer appended alone compares none).
-    compared = [(known, same) for (known, same) in met if known]
-    assert len(compared) == 3 and all(same == known for (known, same) in compared), compared
+    assert all_met(met, 3), met
     assert engine.get_session("owned")["branch"] == 0
 
 

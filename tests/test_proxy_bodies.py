@@ -7,6 +7,7 @@ unchanged by the request path in every protocol."""
 
 from __future__ import annotations
 
+import copy
 import json
 import sys
 import tracemalloc
@@ -284,6 +285,40 @@ def test_5_the_request_path_changes_no_kept_object_in_any_protocol(proxy_app, up
             as_sent = json.loads(kept.prefix + b"]}")
             assert as_sent == kept.head | {history: kept.items}
     assert reused >= 2
+
+
+class Snapshots:
+    """The engine, each render's messages kept as returned and as a deep copy made then."""
+
+    def __init__(self, engine):
+        self.engine = engine
+        self.renders: list[tuple[list, list]] = []
+
+    def render(self, session_id, messages, **options):
+        result = self.engine.render(session_id, messages, **options)
+        self.renders.append((result.messages, copy.deepcopy(result.messages)))
+        return result
+
+    def __getattr__(self, name):
+        return getattr(self.engine, name)
+
+
+@pytest.mark.parametrize("shape", [_chat, _messages, _responses])
+@pytest.mark.parametrize("stream", [False, True])
+def test_5_the_request_path_changes_no_rendered_message_in_any_protocol(engine, upstream, shape, stream):
+    # What a render returns is built into the forwarded body (the restore tool offered, the Messages
+    # layer's cache breakpoints placed, the tool's hints rewritten where it is not): copied where
+    # it changes, never changed in place, so that a render's messages could be the index's own.
+    backend = Snapshots(engine)
+    messages = conversation()  # results far over the budget: the restore tool is offered
+    with LoopbackServer(create_app(backend, upstream.base_url, 1200)) as server:
+        for n in (len(messages) - 7, len(messages) - 5, len(messages) - 3):
+            (path, sent) = shape(messages[:n])
+            upstream.enqueue(content="Looked.")
+            response = httpx.post(f"{server.url}{path}", json=sent | {"stream": stream}, headers={SESSION_HEADER: "run"}, timeout=60)
+            assert response.status_code == 200, response.text[:300]
+    assert len(backend.renders) == 3
+    assert all(returned == copied for (returned, copied) in backend.renders)
 
 
 def test_6_a_request_without_a_session_name_reuses_the_last_body_that_starts_like_it(proxy_app, upstream):

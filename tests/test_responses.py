@@ -16,7 +16,7 @@ from contextrender.proxy import BUDGET_HEADER, SELECTOR_HEADER, SESSION_HEADER, 
 from contextrender.proxy.responses.wire import to_normal
 from engine.measure import CALL_OVERHEAD, MESSAGE_OVERHEAD, PART_TOKENS, get_tokenizer
 from tests.conftest import call, responses_input, scripted_tool_loop, trace_prefix
-from tests.proxy_fixtures import proxy_url_at, without_restore_tool
+from tests.proxy_fixtures import all_met, objects_met, proxy_url_at, without_restore_tool
 from tests.test_anthropic import SHORTENED
 from tests.test_proxy import wait_for_events
 
@@ -205,6 +205,23 @@ def test_answers_echoed_by_the_sdk_never_fork_the_session(engine, upstream, prox
     assert pairing(upstream.requests[-1].json["input"]) == []
     info = engine.get_session("responses-loop")
     assert info["branch"] == 0
+
+
+def test_the_next_request_s_history_meets_the_objects_the_engine_kept_of_the_last(engine, upstream, proxy_url, monkeypatch):
+    # As tests/test_proxy.py's test of the same name, in Responses: the input items are put in the
+    # engine's normal form at each request, and `reconcile` hands the engine the last request's
+    # normal forms for the items resent unchanged, the objects its index kept under the promise.
+    met = objects_met(monkeypatch)
+    items: list[dict] = [{"role": "user", "content": "Fix the failing test in module_alpha."}]
+    for turn in range(4):
+        call_id = f"call_owned_{turn}"
+        upstream.enqueue(content=f"Step {turn}.", tool_calls=[call(call_id, "bash", {"command": f"cat file_{turn}.py"})])
+        body = {"model": MODEL, "instructions": "You are a coding agent.", "input": items}
+        response = httpx.post(f"{proxy_url}/v1/responses", json=body, headers={SESSION_HEADER: "owned"})
+        assert response.status_code == 200
+        items = items + response.json()["output"] + [{"type": "function_call_output", "call_id": call_id, "output": f"contents of file_{turn}.py"}]
+    assert all_met(met, 3), met
+    assert engine.get_session("owned")["branch"] == 0
 
 
 def test_requests_on_server_side_state_pass_through_unmanaged(engine, upstream, proxy_url, caplog):
