@@ -21,7 +21,10 @@ and the ratio of ours to ctxkeeper's (target: CPU per request no more than ctxke
 `--engine-only` leaves HTTP out: the same conversations through an `Engine` in this process, with
 the proxy's calls (the render of each request, carrying the usage report of the answer it re-sends,
 which it stores; the last answer of a conversation, never re-sent, ingested alone after its
-request's events with its report), and prints the CPU time of each per request, and the median
+request's events with its report), under the proxy's promise never to change a message it sent
+(`sent_unchanged`; each message's normal form made once a conversation and sent again, as the
+proxy keeps them: before 2026-12-07's fourth merge each request's history was made afresh and
+compared by value, about 0.13 ms a request the proxy does not pay), and prints the CPU time of each per request, and the median
 render's by mode (append, re-render, passthrough); with `--checkout`, alternated with the same run
 in a process of that checkout (its .venv, in its folder: an older checkout's proxy made two calls
 a request, the render and the answer's ingestion), each round of each checkout in a fresh process
@@ -136,6 +139,13 @@ def engine_only(budget: int, talks: list[tuple[str, list[dict]]]) -> dict:
     from contextrender.proxy.defaults import DEFAULT_SELECTOR
     from contextrender.proxy.sessions import chain_events
 
+    try:  # the proxy's promise never to change a message it sent (since 6e2af03)
+        from contextrender.proxy.interfaces import sent_unchanged
+    except ImportError:  # an older checkout: its proxy made no promise
+
+        def sent_unchanged(call, *args, **kwargs):
+            return call(*args, **kwargs)
+
     with tempfile.TemporaryDirectory(prefix="peer-engine-") as state:
         engine = Engine(state)
         engine.warm_up()
@@ -144,11 +154,15 @@ def engine_only(budget: int, talks: list[tuple[str, list[dict]]]) -> dict:
         for (tag, messages) in talks:
             session = f"peer-{tag}"[:200]
             turns = [j for (j, message) in enumerate(messages) if message["role"] == "assistant" and j > 0]
+            # Each message's normal form made once and sent again at every later request, as the
+            # proxy keeps them (`Bodies.parse` keeps the parsed prefix, `Sessions.reconcile` the
+            # normal forms and answers), under its promise: the engine compares them by identity.
+            forms = [normal_form(m) for m in messages]
             for j in turns:
-                sent = [normal_form(m) for m in messages[:j]]
                 began = time.process_time()
-                # The previous answer (in `sent`) and its report, stored by this render.
-                result = engine.render(session, sent, budget=budget, selector=DEFAULT_SELECTOR, **({"usage": usage} if j != turns[0] else {}))
+                # The previous answer (in the history sent) and its report, stored by this render.
+                result = sent_unchanged(engine.render, session, forms[:j], budget=budget, selector=DEFAULT_SELECTOR,
+                                        **({"usage": usage} if j != turns[0] else {}))
                 spent = time.process_time() - began
                 render += spent
                 by_mode.setdefault(result.mode, []).append(spent)
@@ -156,7 +170,7 @@ def engine_only(budget: int, talks: list[tuple[str, list[dict]]]) -> dict:
             # The last answer, which no request re-sends: alone, as the proxy stores it.
             began = time.process_time()
             answer = normal_form({k: messages[turns[-1]][k] for k in ("role", "content", "tool_calls") if k in messages[turns[-1]]})
-            engine.ingest(session, [answer], append=True, at=chain_events([normal_form(m) for m in messages[:turns[-1]]]), usage=usage)
+            sent_unchanged(engine.ingest, session, [answer], append=True, at=chain_events(forms[:turns[-1]]), usage=usage)
             ingest += time.process_time() - began
         engine.close()
     return {"requests": requests, "render_ms": render * 1000 / requests, "ingest_ms": ingest * 1000 / requests,
