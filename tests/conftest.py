@@ -197,7 +197,7 @@ def trace_prefix(name: str = "mini_swe_agent_deepseek.jsonl", index: int = 0, tu
     return messages[:cut]
 
 
-def scripted_tool_loop(upstream, prefix: str, text: Callable[[int], str | None], thinking: Callable[[int], str],
+def scripted_tool_loop(upstream, prefix: str, text: Callable[[int], str | None], thinking: Callable[[int], str | None],
                        rounds: int = 4) -> Iterator[tuple[int, str, bool]]:
     """An agent's tool loop as the fake upstream answers it: for each round, one `bash` call with
     its text and reasoning is queued, then (round, call id, whether to stream it: odd rounds) is

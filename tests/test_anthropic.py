@@ -273,9 +273,7 @@ def test_the_next_request_s_history_meets_the_objects_the_engine_kept_of_the_las
     # normal forms for the turns resent unchanged, the objects its index kept under the promise.
     met = objects_met(monkeypatch)
     turns: list[dict] = [{"role": "user", "content": "Fix the failing test in module_alpha."}]
-    for turn in range(4):
-        call_id = f"toolu_owned_{turn}"
-        upstream.enqueue(content=f"Step {turn}.", tool_calls=[call(call_id, "bash", {"command": f"cat file_{turn}.py"})])
+    for (turn, call_id, _streamed) in scripted_tool_loop(upstream, "toolu_owned", lambda t: f"Step {t}.", lambda t: None):
         body = {"model": MODEL, "max_tokens": 64, "system": "You are a coding agent.", "messages": turns}
         response = httpx.post(f"{proxy_url}/v1/messages", json=body, headers={SESSION_HEADER: "owned"})
         assert response.status_code == 200

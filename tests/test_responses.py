@@ -213,9 +213,7 @@ def test_the_next_request_s_history_meets_the_objects_the_engine_kept_of_the_las
     # normal forms for the items resent unchanged, the objects its index kept under the promise.
     met = objects_met(monkeypatch)
     items: list[dict] = [{"role": "user", "content": "Fix the failing test in module_alpha."}]
-    for turn in range(4):
-        call_id = f"call_owned_{turn}"
-        upstream.enqueue(content=f"Step {turn}.", tool_calls=[call(call_id, "bash", {"command": f"cat file_{turn}.py"})])
+    for (turn, call_id, _streamed) in scripted_tool_loop(upstream, "call_owned", lambda t: f"Step {t}.", lambda t: None):
         body = {"model": MODEL, "instructions": "You are a coding agent.", "input": items}
         response = httpx.post(f"{proxy_url}/v1/responses", json=body, headers={SESSION_HEADER: "owned"})
         assert response.status_code == 200
