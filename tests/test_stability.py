@@ -717,7 +717,7 @@ def test_the_partial_re_renders_start_from_their_base_s_choice_found_once(tmp_pa
     sticky_worth = plan_module.sticky_worth
     monkeypatch.setattr(plan_module, "sticky_worth", lambda *a: worths.append(1) or sticky_worth(*a))
 
-    def checked(base, before, cuts, full, price):
+    def checked(base, before, cuts, full, price, *weighed):
         scores = base.scores
         base.scores = type(scores)(**{f: getattr(scores, f) for f in ("age", "reuse_count", "cosine", "recency", "reuse", "relevance")},
                                    usefulness=scores.usefulness.view(Counted))
@@ -729,7 +729,7 @@ def test_the_partial_re_renders_start_from_their_base_s_choice_found_once(tmp_pa
             if prefix >= 0:
                 one_by_one.append((part, cut, prefix))
         (apart, Counted.reads) = (Counted.reads, 0)
-        parts = base.kept_prefixes(before, order)
+        parts = list(base.kept_prefixes(before, order))
         reads.append((apart, Counted.reads))
         base.scores = scores
         assert [(cut, prefix) for (_, cut, prefix) in parts] == [(cut, prefix) for (_, cut, prefix) in one_by_one]
@@ -747,7 +747,7 @@ def test_the_partial_re_renders_start_from_their_base_s_choice_found_once(tmp_pa
             assert vars(made.greedy(made.choice)) == vars(expected.greedy(expected.choice))
         compared.append(len(parts))
         (started[:], worths[:]) = ([], [])
-        out = kept_up_to(base, before, cuts, full, price)
+        out = kept_up_to(base, before, cuts, full, price, *weighed)
         counts.append((len(started), len(worths)))
         return out
 
@@ -771,7 +771,7 @@ def test_a_partial_re_render_of_a_layout_with_no_candidates(tmp_path, monkeypatc
     kept_prefixes = RenderPlan.kept_prefixes
     empty = []
     monkeypatch.setattr(RenderPlan, "kept_prefixes",
-                        lambda plan, before, cuts: empty.append(not plan.layout.candidates and bool(cuts)) or kept_prefixes(plan, before, cuts))
+                        lambda plan, before, cuts, admit=None: empty.append(not plan.layout.candidates and bool(cuts)) or kept_prefixes(plan, before, cuts, admit))
     (messages, engine) = (REUSING, Engine(tmp_path / "s"))
     for end in range(2, len(messages) + 1):
         result = engine.render("s", messages[:end], budget=100, usage={"input_tokens": 10 * end, "output_tokens": 3})
@@ -836,3 +836,51 @@ def test_a_plan_counts_each_marker_text_once(tmp_path, monkeypatch):
             assert plan.marker_tokens() == sum(notice_tokens(plan, m) for m in plan.marker_parts())
             assert counted
             counted.clear()
+
+
+@pytest.mark.parametrize("settings", [{}, {"fold_index_refill": True, "headroom_used": 0.3, "reuse_room": "keep"}])
+def test_a_partial_re_render_passed_over_could_not_have_been_taken(tmp_path, monkeypatch, settings):
+    """The cost-aware choice makes and selects a partial re-render only when the upper bound of
+    its objective (`_worth_trying`: what it shows, and the fractional knapsack of U - price * cost
+    after its cut) is not below the best so far: on long sessions, with the fold index's refill
+    and the headroom for used results too, every part's objective is at most its bound, some parts
+    are passed over, and every render is the one made when none is."""
+    import math
+
+    import engine.stability as stability
+
+    (worth_trying, cache_objective) = (stability._worth_trying, stability.cache_objective)
+    (pending, pairs, inside) = ([], [], [False])
+
+    def every_part(base, cuts, usefulness, price):
+        bound = worth_trying(base, cuts, usefulness, price)
+
+        def recorded(cut, prefix, choice):
+            inside[0] = True
+            pending.append(bound(cut, prefix, choice))
+            inside[0] = False
+            return math.inf
+        return recorded
+
+    def objective(usefulness, shown, resent, price):
+        value = cache_objective(usefulness, shown, resent, price)
+        if pending and not inside[0]:
+            pairs.append((pending.pop(), value))
+        return value
+
+    def rendered(folder):
+        return [(r.mode, r.mode_reason, json.dumps(r.messages, sort_keys=True)) for r in replay(Engine(folder), session(60), 1200, **settings)]
+
+    (asked, made) = ([], [])
+    monkeypatch.setattr(stability, "_worth_trying", lambda *a: (lambda bound: lambda *b: asked.append(1) or bound(*b))(worth_trying(*a)))
+    from engine.plan import RenderPlan
+
+    kept_prefixes = RenderPlan.kept_prefixes
+    monkeypatch.setattr(RenderPlan, "kept_prefixes", lambda *a: (made.append(1) or part for part in kept_prefixes(*a)))
+    pruned = rendered(tmp_path / "pruned")
+    monkeypatch.setattr(stability, "_worth_trying", every_part)
+    monkeypatch.setattr(stability, "cache_objective", objective)
+    (made_all, made[:]) = (len(made), [])
+    assert rendered(tmp_path / "every") == pruned
+    assert len(pairs) == len(made) > made_all and len(asked) > made_all
+    assert all(value <= bound for (bound, value) in pairs)
