@@ -120,3 +120,36 @@ def test_a_layout_of_a_long_folded_history_does_not_walk_every_result(tmp_path, 
     folded = [(n, count) for (fold, n, count) in reads if fold > 0]
     assert max(n for (n, _) in folded) == 150
     assert all(count < 60 for (n, count) in folded if n >= 100)
+
+
+def test_a_condensed_text_is_made_once_per_index_until_a_result_introduces_a_value_it_names(tmp_path, monkeypatch):
+    """The condensed text of an old assistant message and its tokens are kept per index: the same
+    history laid out again makes none again. A result that introduces a value the message names
+    makes it again, listing the value, as a render of that history on a fresh index does."""
+    import importlib
+
+    plan_module = importlib.import_module("engine.plan")
+    made = []
+    condensed_text = plan_module.condensed_text
+    monkeypatch.setattr(plan_module, "condensed_text", lambda text, index, tokenizer: made.append(text) or condensed_text(text, index, tokenizer))
+    settings = {"prose_share": 0.5, "condense": True, "policy": "per-call"}
+    messages = [user("find the config")]
+    for i in range(12):
+        messages += [assistant(f"Reading src/app/settings_{i}.py, then LATER_{i}X9 perhaps. " + filler("reasoning", 80),
+                               call(f"c{i}", "read", {"path": f"src/app/settings_{i}.py"})),
+                     tool(f"c{i}", f"src/app/settings_{i + 1}.py ORDER_{i + 1}000 " + filler("cfg", 100))]
+    engine = Engine(tmp_path / "kept")
+    first = engine.render("s", messages, budget=4000, **settings)
+    condensed = [m["content"] for m in first.messages if m["role"] == "assistant" and "is left out" in str(m.get("content"))]
+    assert made and condensed and not any("LATER_" in text.split("…")[1] for text in condensed)
+    made[:] = []
+    again = engine.render("s", messages, budget=4000, **settings)
+    assert again.messages == first.messages and made == []
+    # A result that introduces LATER_<i>X9 for every step: each condensed message names its own.
+    later = messages + [assistant("one more", call("c99", "read", {"path": "notes"})),
+                        tool("c99", " ".join(f"LATER_{i}X9" for i in range(12)) + " " + filler("note", 40)), user("and?")]
+    grown = engine.render("s", later, budget=4000, **settings)
+    afresh = Engine(tmp_path / "fresh").render("s", later, budget=4000, **settings)
+    assert grown.messages == afresh.messages and made
+    named = [m["content"] for m in grown.messages if m["role"] == "assistant" and "is left out" in str(m.get("content"))]
+    assert named and all("LATER_" in text.split("…")[1] for text in named)
