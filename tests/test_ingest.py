@@ -302,6 +302,32 @@ def test_the_passes_place_and_track_the_new_events_without_a_walker_step_each(en
     assert engine.ingest("s", messages).added == 0
 
 
+def test_the_tfa_pass_is_called_not_spawned(engine, monkeypatch):
+    # A nested spawn cost about 40 µs of jaclang's walk machinery a call: the ingestion spawns the
+    # ingestion pass on the session, and the TFA pass is an object it calls: as many spawns for a
+    # call that links reuses as for one that adds nothing.
+    from jaclang.jac0core.runtime import plugin_manager
+
+    spawned = []
+    spawn = plugin_manager.hook.spawn
+
+    def counted(*arguments, **named):
+        spawned.append(" ".join(type(value).__name__ for value in (*arguments, *named.values())))
+        return spawn(*arguments, **named)
+
+    monkeypatch.setattr(plugin_manager.hook, "spawn", counted)
+    messages = run(3)
+    engine.ingest("s", messages)
+    spawned[:] = []
+    assert engine.ingest("s", messages).added == 0
+    nothing = len(spawned)
+    spawned[:] = []
+    # A lookup of a value an earlier result holds: a reuse to link.
+    summary = engine.ingest("s", messages + [assistant(None, call("x1", "lookup", {"order": "ORD-1001"})), tool("x1", "again")])
+    assert summary.added == 2 and summary.reuse_links >= 1
+    assert nothing > 0 and len(spawned) == nothing and not any("TrackReuse" in kinds for kinds in spawned)
+
+
 def test_a_new_nodes_id_text_is_read_from_its_anchor_not_asked_through_the_dispatch(engine, monkeypatch):
     # jaclang's `object_ref` (what `jid` asks, 2-3 µs a call through its dispatch) answers a node's
     # anchor id in hex: ingestion reads it directly while no plugin answers that hook.
