@@ -186,6 +186,26 @@ def test_a_caller_decorating_its_render_leaves_the_next_renders_cache_share_as_i
     assert second["mode"] == "passthrough" and second["cached_tokens"] >= first["history_tokens"] > 0
 
 
+def _renders_share_messages(engine, promised: bool) -> int:
+    """How many messages two renders of one history hand the caller as the same objects, with or
+    without its promise never to change a message (engine/messages.jac SENT_UNCHANGED)."""
+    token = core.SENT_UNCHANGED.set(promised)
+    try:
+        first = engine.render("s", _reading(), budget=2000)
+        again = engine.render("s", _reading(), budget=2000)
+    finally:
+        core.SENT_UNCHANGED.reset(token)
+    assert first.messages == again.messages and first.messages is not again.messages
+    return sum(a is b for (a, b) in zip(first.messages, again.messages))
+
+
+def test_a_caller_that_promises_never_to_change_a_message_is_given_the_index_s_own(engine, tmp_path):
+    # Promised (the proxy): a render's messages are the index's own, not copied (adapters/local.py
+    # `_unshared`); the list is the caller's. Not promised: copies, as a decorating caller needs.
+    assert _renders_share_messages(engine, True) == len(_reading())
+    assert _renders_share_messages(Engine(tmp_path / "other"), False) == 0
+
+
 def test_a_message_the_caller_rewrites_in_place_is_a_rewrite(engine, tmp_path):
     messages = _reading()
     engine.render("s", messages, budget=2000)

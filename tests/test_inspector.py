@@ -605,6 +605,44 @@ def test_the_log_is_stored_packed_and_a_log_stored_as_plain_text_is_read_and_pac
     assert stored["field"].startswith(PACKED_LOG) and after[:-1] == before[1:] and after[-1]["budget"] == 5000
 
 
+def test_the_log_is_packed_in_parts_and_a_render_packs_only_the_parts_it_changed(monkeypatch):
+    """The stored log is its JSON text packed in parts of LOG_PART entries (by their numbers): it
+    reads back as the whole text, a log of one part is stored as the whole text packed (as before
+    the parts), and a render packs its newest part and, while the log slides, its oldest, the
+    others taken from the last render's; a log read from the store (nothing kept) is packed
+    whole."""
+    import random
+    from types import SimpleNamespace
+
+    from walkers import renderlog
+    from walkers.renderlog import LOG_PART, RENDER_LOG, log_text, pack_log, pack_parts
+
+    calls: list[str] = []
+
+    def counted(text: str) -> str:
+        calls.append(text)
+        return pack_log(text)
+
+    monkeypatch.setattr(renderlog, "pack_log", counted)
+    rng = random.Random(5)
+    (texts, kept) = ([], {})
+    for n in range(1, RENDER_LOG + 3 * LOG_PART + 7):
+        entry = {"n": n, "statuses": f"k{rng.randrange(9)}f{rng.randrange(300)}", "reason": "x" * rng.randrange(400)}
+        texts = (texts + [json.dumps(entry)])[-RENDER_LOG:]
+        calls.clear()
+        (stored, kept) = pack_parts(texts, n - len(texts) + 1, kept)
+        whole = "[" + ", ".join(texts) + "]"
+        assert log_text(SimpleNamespace(render_log=stored)) == whole
+        if n <= LOG_PART:
+            assert stored == pack_log(whole)
+        # The newest part; the one before when this entry begins a part (it loses the log's
+        # "]"); the oldest while the log slides (it lost an entry, or became the first).
+        assert len(calls) == 1 + (n > 1 and (n - 1) % LOG_PART == 0) + (n > RENDER_LOG)
+    calls.clear()
+    (again, _) = pack_parts(texts, n - len(texts) + 1, {})
+    assert again == stored and len(calls) == len(stored.split(",")) == 6
+
+
 def test_status_code_reads_what_the_model_met_and_expands_back():
     """The statuses of a render, one letter a result, read from the rendered messages and
     run-length coded: compared with a plain per-result reading on random renders (results sent

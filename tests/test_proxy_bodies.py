@@ -354,3 +354,56 @@ def test_6_the_key_of_a_body_without_a_session_name_is_its_first_bytes():
     # Keyed so, the parse is json's whichever body was kept (one agent's, then another's).
     bodies = Bodies(16 * MB)
     same_as_json(bodies, [body(BASE[:2]), body(BASE), body(BASE[:1] + [assistant("other")]), body(BASE)], key=key)
+
+
+def test_7_a_body_is_encoded_as_json_dumps_writes_it_its_lists_items_kept_by_identity():
+    # restores.encoded_body: byte for byte json.dumps(ensure_ascii=False); an item that is the
+    # very object the last body held takes its text from then, any other (an equal copy, 1.0 for
+    # 1) is encoded again; what is kept is the last body's items.
+    from contextrender.proxy import restores
+
+    kept: dict = {}
+    (a, b) = ({"role": "user", "content": "é \u2028 \"q\""}, {"role": "tool", "content": "x", "n": 1})
+    bodies = [
+        {"model": "m", "messages": [a, b], "tools": TOOLS, "stream": False, "n": None, "t": 0.5},
+        {"model": "m", "messages": [a, dict(b, n=1.0), b, [1, [2]], "s", 3], "tools": TOOLS, "empty": []},
+        {},
+        {"messages": [b, dict(b, n=True)], "stop": ["\n"]},
+    ]
+    for body in bodies:
+        assert restores.encoded_body(body, kept) == json.dumps(body, ensure_ascii=False).encode()
+        assert all(kept[id(item)][0] is item for value in body.values() if isinstance(value, list) for item in value)
+        assert len(kept) == len({id(item) for value in body.values() if isinstance(value, list) for item in value})
+    assert restores.encoded_body(bodies[0], None) == json.dumps(bodies[0], ensure_ascii=False).encode()
+
+
+@pytest.mark.parametrize("shape", [_chat, _messages, _responses])
+def test_7_a_session_s_bodies_go_upstream_as_json_dumps_writes_them_the_history_s_texts_reused(engine, upstream, shape, monkeypatch):
+    # Each body sent upstream is json.dumps's text of what was rendered, whether offered the
+    # restore tool or not; in chat completions the rendered messages are the engine's own, and
+    # the items the last body held are not encoded again (the other protocols build their items).
+    from contextrender.proxy import restores
+
+    items_encoded: list[int] = []
+    real = restores._ENCODE
+
+    def counting(value):
+        items_encoded[-1] += isinstance(value, dict) and "role" in value
+        return real(value)
+
+    monkeypatch.setattr(restores, "_ENCODE", counting)
+    messages = conversation()
+    with LoopbackServer(create_app(engine, upstream.base_url, 1200)) as server:
+        steps = ((len(messages) - 9, 1200), (len(messages) - 7, 1200), (len(messages) - 5, 100000), (len(messages) - 3, 100000))
+        for (n, budget) in steps:
+            (path, sent) = shape(messages[:n])
+            # The model answers what the next request re-sends: the session goes on as one chain.
+            upstream.enqueue(content=messages[n].get("content"), tool_calls=messages[n].get("tool_calls"))
+            items_encoded.append(0)
+            response = httpx.post(f"{server.url}{path}", json=sent, headers={SESSION_HEADER: "run", "x-contextrender-budget": str(budget)}, timeout=60)
+            assert response.status_code == 200, response.text[:300]
+            body = upstream.requests[-1].body
+            assert body == json.dumps(json.loads(body), ensure_ascii=False).encode()
+            history = json.loads(body)["input" if path == "/v1/responses" else "messages"]
+            if shape is _chat and len(items_encoded) == len(steps):  # the whole history sent, as the last one
+                assert 0 < items_encoded[-1] < len(history)

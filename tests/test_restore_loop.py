@@ -12,6 +12,7 @@ import pytest
 
 from contextrender.testing.fake_upstream import LoopbackServer
 from contextrender.proxy import RESTORE_ROUNDS_HEADER, RESTORE_USAGE_HEADER, SESSION_HEADER, create_app
+from contextrender.proxy import restores as restores_module
 from contextrender.proxy.chat.restore import RESTORE_TOOL, StreamRound
 from engine.notices import (
     FOLD_INDEX_HEADING, fold_marker, handles_line, index_entry, marker_messages, restore_tool, stub_text, without_restore_tool
@@ -470,9 +471,15 @@ def test_the_rendered_body_is_encoded_once_an_upstream_call(engine, upstream, pr
     engine.configure("run", policy="per-call", **STUBS)
     upstream.enqueue(content=None, tool_calls=[restore_call("call_restore_1", "r3")])
     upstream.enqueue(content="The failing line is line_2_7.")
+    def counting_body(value, kept):  # the first call's body: its history's texts kept for the next
+        encoded.append(value)
+        return real_body(value, kept)
+
+    real_body = restores_module.encoded_body
     body = json.dumps({"model": "m", "messages": messages, "tools": TOOLS, "stream": stream}).encode()
     with proxy(budget=B) as server:
         monkeypatch.setattr(json, "dumps", counting)
+        monkeypatch.setattr(restores_module, "encoded_body", counting_body)
         response = httpx.post(f"{server.url}/v1/chat/completions", content=body, headers={SESSION_HEADER: "run"}, timeout=60)
         monkeypatch.undo()
         assert response.status_code == 200 and response.headers[RESTORE_ROUNDS_HEADER] == "1"

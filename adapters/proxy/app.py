@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import json
 import logging
 import os
 import time
@@ -26,7 +25,7 @@ from contextrender.proxy.bodies import Bodies, unnamed_key
 from contextrender.proxy.defaults import DEFAULT_ANSWER_DELAY, DEFAULT_RESTORE_ROUNDS, DEFAULT_SELECTOR, DEFAULT_UPSTREAM_TIMEOUT
 from contextrender.proxy.interfaces import Backend, Format, field, sent_unchanged
 from contextrender.proxy.protocols import PROTOCOLS, Protocol, format_of_path, format_of_request
-from contextrender.proxy.restores import RequestRounds, Restores, first_body
+from contextrender.proxy.restores import RequestRounds, Restores, encoded_body, first_body
 from contextrender.proxy.sessions import Sessions, chain_events, derive_session, model_encoding, named_session
 from contextrender.proxy.upstream import Upstream, error
 from contextrender.settings import positive_number
@@ -233,7 +232,7 @@ class _Proxy:
         self.metrics.prefix(protocol.name, state.rendered, rendered)
         state.rendered = rendered
         try:  # encoded once: with the restore tool when it is offered (the first upstream call's body)
-            out = first_body(out_body, rounds) if offered else json.dumps(out_body, ensure_ascii=False).encode()
+            out = first_body(out_body, rounds, state.encoded) if offered else encoded_body(out_body, state.encoded)
         except RecursionError:
             return error(fmt, 400, _TOO_DEEP, "invalid_request_error")
         # The one line a request gets at --log-level info.

@@ -34,8 +34,11 @@ def sent_unchanged(call: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     anything in it (engine/messages.jac SENT_UNCHANGED; tests/test_proxy_bodies.py checks that
     a parsed history is never changed in place): an in-process engine's index keeps the proxy's
     own messages, and the next request's resent history, the same objects (the parsed prefix
-    `Bodies` keeps, the normal forms and answers `reconcile` keeps), is compared by identity. A
-    server backend parses what it is sent: the promise has nothing to keep there."""
+    `Bodies` keeps, the normal forms and answers `reconcile` keeps), is compared by identity.
+    It covers what a render returns too: the proxy builds its bodies around the rendered
+    messages without changing one (copied where it adds to them), and an in-process engine
+    hands it the index's own (adapters/local.py `_unshared`), not copies. A server backend
+    parses what it is sent: the promise has nothing to keep there."""
     promised = core.SENT_UNCHANGED.set(True)
     try:
         return call(*args, **kwargs)

@@ -130,6 +130,8 @@ class SessionState:
         self.named = False
         # The history last forwarded (rendered), for the cached-prefix share (contextrender/metrics.py).
         self.rendered: list | None = None
+        # The last forwarded body's list items and their JSON texts, by id (restores.encoded_body).
+        self.encoded: dict[int, tuple[Any, str]] = {}
         # The last answer, until it is stored (with the next request's render, or alone).
         self.pending: Answer | None = None
         # The message list the last request sent, and its normal forms (`Sessions.reconcile`).
