@@ -44,7 +44,9 @@ def scrub(value: object) -> object:
     if isinstance(value, list):
         return [scrub(v) for v in value]
     if isinstance(value, str) and value.startswith("zlib:"):
-        return "log:" + json.dumps(scrub(json.loads(zlib.decompress(base64.b64decode(value[5:])).decode())))
+        # Packed whole, or in parts joined by "," (walkers/renderlog.jac `pack_parts`).
+        text = "".join(zlib.decompress(base64.b64decode(part)).decode() for part in value[5:].split(","))
+        return "log:" + json.dumps(scrub(json.loads(text)))
     if isinstance(value, str) and value[:1] in "{[" and value[-1:] in "}]":
         try:
             return "json:" + json.dumps(scrub(json.loads(value)))
