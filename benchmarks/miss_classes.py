@@ -56,9 +56,9 @@ def watch_full_rerenders() -> None:
     stability = importlib.import_module("engine.stability")
     real = stability._partials
 
-    def partials(plan, before, full, price):
+    def partials(plan, before, full, *weighed):
         FULL["plan"] = full
-        return real(plan, before, full, price)
+        return real(plan, before, full, *weighed)
 
     stability._partials = partials
 
