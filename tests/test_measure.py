@@ -195,62 +195,8 @@ def test_cut_middle_cuts_a_text_once_per_limit_and_encoding():
     encoded.clear()
     assert cut_middle(text, 321, counted) == first == cut_middle(text, 321, TOK)
     assert text not in encoded
-    # Another limit is cut anew, from the ids the first cut kept (Tokenizer.ids).
-    assert cut_middle(text, 123, counted) != first and text not in encoded
+    assert cut_middle(text, 123, counted) != first and text in encoded
     assert TOK.count(cut_middle(text, 123, counted)) <= 123
-
-
-def _recording(encoded: list[str]):
-    """A tokenizer of TOK's encoding whose encoder records each text it encodes."""
-    from engine.measure import Tokenizer
-
-    class Encoder:
-        def encode_ordinary(self, value):
-            encoded.append(value)
-            return TOK._enc.encode_ordinary(value)
-
-        def decode(self, ids):
-            return TOK._enc.decode(ids)
-
-    return Tokenizer(encoding=TOK.encoding, scale=TOK.scale, _enc=Encoder(), _counts={}, _ids={})
-
-
-def test_a_text_counted_is_cut_without_being_encoded_again_at_any_limit():
-    """A long call's value is counted, then cut (cut_call), and cut again at a smaller room when
-    its call is folded: the text is encoded once, and each cut is the one a fresh tokenizer makes."""
-    text = "ARGS " + " ".join(f"line{i} = value{i * 7}" for i in range(700)) + " END"
-    encoded: list[str] = []
-    counted = _recording(encoded)
-    assert counted.count(text) == TOK.count(text) and encoded == [text]
-    assert counted.ids(text) == TOK._enc.encode_ordinary(text)
-    import engine.measure as measure
-
-    for limit in (257, 64, 48):
-        cut = cut_middle(text, limit, counted)
-        measure._cuts.clear()  # cut_middle's cuts by limit: the fresh tokenizer cuts the text itself
-        assert cut == cut_middle(text, limit, _recording([])) and TOK.count(cut) <= limit
-    assert encoded.count(text) == 1
-    # A text that fits is returned by its count alone.
-    encoded.clear()
-    short = "a short value"
-    counted.count(short)
-    assert cut_middle(short, 999, counted) == short and encoded == [short]
-
-
-def test_the_ids_kept_are_bounded_by_their_characters(monkeypatch):
-    """Tokenizer.ids keeps up to IDS_CACHE_CHARS characters of texts, forgotten all at once when
-    full: a text is encoded again once forgotten, to the same ids."""
-    import engine.measure as measure
-
-    monkeypatch.setattr(measure, "IDS_CACHE_CHARS", 100)
-    encoded: list[str] = []
-    tokenizer = _recording(encoded)
-    (first, second) = ("alpha " * 10, "beta " * 12)
-    ids = tokenizer.ids(first)
-    assert tokenizer.ids(first) is ids and encoded == [first]
-    tokenizer.ids(second)  # 60 + 60 characters: the first is forgotten
-    assert tokenizer._ids_chars <= 100 and first not in tokenizer._ids
-    assert tokenizer.ids(first) == ids and encoded == [first, second, first]
 
 
 def test_thinking_counts_its_text_and_other_parts_a_flat_price():
@@ -303,8 +249,6 @@ def test_a_text_is_tokenised_once_and_counted_as_before(monkeypatch):
     claude = Tokenizer(encoding="claude", scale=1.15, _enc=TOK._enc)
     assert claude.count(texts[0]) == claude.count(texts[0]) == -(-len(TOK._enc.encode_ordinary(texts[0])) * 115 // 100)
     monkeypatch.setattr(measure, "COUNT_CACHE_CHARS", 6000)
-    # The ids kept (Tokenizer.ids) under the same bound, forgotten with the counts.
-    monkeypatch.setattr(measure, "IDS_CACHE_CHARS", 6000)
     encoded.clear()
     counted = Tokenizer(encoding=TOK.encoding, scale=TOK.scale, _enc=Encoder())
     for t in texts + texts + ["y" * 1000, texts[0]]:
