@@ -742,7 +742,12 @@ def test_the_partial_re_renders_start_from_their_base_s_choice_found_once(tmp_pa
             assert vars(made.layout) == vars(expected.layout)
             # Its U' (a share of its base's, made from the earliest cut on): bit for bit its own.
             own = sticky_worth(scores.usefulness, np.asarray(made.layout.candidates, dtype=np.intp), made.sticky(), made.config.stickiness)
-            assert made._worth.tobytes() == own.tobytes()
+            assert made._arrays.worth.tobytes() == own.tobytes()
+            # And every array greedy reads (views of its base's): those it would make of its own layout.
+            mine = made.selectable(0)
+            for name in ("worth", "rows", "costs", "wrapper", "owners"):
+                (shared, own) = (getattr(made._arrays, name), getattr(mine, name))
+                assert shared.dtype == own.dtype and shared.shape == own.shape and shared.tobytes() == own.tobytes(), name
             assert made.choice is not base.choice and made.layout.wrapper_cost is not base.layout.wrapper_cost
             assert vars(made.greedy(made.choice)) == vars(expected.greedy(expected.choice))
         compared.append(len(parts))
