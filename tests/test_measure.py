@@ -174,7 +174,7 @@ def test_cut_middle_respects_the_limit_and_keeps_both_ends(limit):
 
 def test_cut_middle_cuts_a_text_once_per_limit_and_encoding():
     """A render cuts the same task to the same share at every request: the second cut is the
-    first one's text, without tokenising the text again; another limit or encoding is cut anew."""
+    first one's text, without tokenising the text again; another limit is cut anew."""
     from engine.measure import Tokenizer
 
     text = "TASK " + " ".join(f"step{i}" for i in range(2000)) + " DONE"
@@ -195,7 +195,8 @@ def test_cut_middle_cuts_a_text_once_per_limit_and_encoding():
     encoded.clear()
     assert cut_middle(text, 321, counted) == first == cut_middle(text, 321, TOK)
     assert text not in encoded
-    assert cut_middle(text, 123, counted) != first and text in encoded
+    # Another limit is cut anew, from the ids kept when the text was first cut (cut_ids).
+    assert cut_middle(text, 123, counted) != first and text not in encoded
     assert TOK.count(cut_middle(text, 123, counted)) <= 123
 
 
@@ -255,3 +256,47 @@ def test_a_text_is_tokenised_once_and_counted_as_before(monkeypatch):
         counted.count(t)
     # 5,060 characters kept; the next text's 1,000 make it full: all forgotten, then counted again.
     assert encoded == texts + ["y" * 1000, texts[0]]
+
+
+def test_a_text_cut_at_two_limits_is_encoded_once_and_cut_as_afresh(monkeypatch):
+    """cut_middle keeps the ids of a text it cuts (`cut_ids`, by encoding and text, CUT_IDS_CHARS
+    characters, forgotten all at once when full): the same text cut at another limit (the latest
+    turn's texts at each render, a call's value at the folded room) is not encoded again, and
+    each cut is the one a fresh process makes. A text that fits is not kept."""
+    import engine.measure as measure
+    from engine.measure import Tokenizer
+
+    encoded: list[str] = []
+
+    class Encoder:
+        def encode_ordinary(self, value):
+            encoded.append(value)
+            return TOK._enc.encode_ordinary(value)
+
+        def decode(self, ids):
+            return TOK._enc.decode(ids)
+
+    counted = Tokenizer(encoding=TOK.encoding, scale=TOK.scale, _enc=Encoder())
+    text = "CUT TWICE " + " ".join(f"item{i}" for i in range(1500)) + " END"
+    short = "fits in its limit, kept whole"
+    cuts = [cut_middle(text, limit, counted) for limit in (300, 120, 48)]
+    assert encoded.count(text) == 1
+    assert cut_middle(short, 100, counted) == short and cut_middle(short, 90, counted) == short
+    assert encoded.count(short) == 2  # not kept: fits
+    # The same cuts as with nothing kept (a fresh process).
+    monkeypatch.setattr(measure, "_cuts", {})
+    monkeypatch.setattr(measure, "_cut_ids", {})
+    fresh = Tokenizer(encoding=TOK.encoding, scale=TOK.scale, _enc=TOK._enc)
+    assert cuts == [cut_middle(text, limit, fresh) for limit in (300, 120, 48)]
+    assert all(TOK.count(c) <= limit for (c, limit) in zip(cuts, (300, 120, 48)))
+    # Bounded: past CUT_IDS_CHARS characters the kept ids are forgotten, and the text encoded again.
+    monkeypatch.setattr(measure, "CUT_IDS_CHARS", len(text) + 10)
+    monkeypatch.setattr(measure, "_cuts", {})
+    monkeypatch.setattr(measure, "_cut_ids", {})
+    monkeypatch.setattr(measure, "_cut_ids_chars", [0])
+    encoded.clear()
+    other = "OTHER " + " ".join(f"entry{i}" for i in range(800))
+    assert cut_middle(text, 300, counted) == cuts[0]
+    cut_middle(other, 100, counted)
+    assert cut_middle(text, 120, counted) == cuts[1]
+    assert encoded.count(text) == 2
