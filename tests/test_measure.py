@@ -174,7 +174,7 @@ def test_cut_middle_respects_the_limit_and_keeps_both_ends(limit):
 
 def test_cut_middle_cuts_a_text_once_per_limit_and_encoding():
     """A render cuts the same task to the same share at every request: the second cut is the
-    first one's text, without tokenising the text again; another limit is cut anew."""
+    first one's text, without tokenising the text again; another limit or encoding is cut anew."""
     from engine.measure import Tokenizer
 
     text = "TASK " + " ".join(f"step{i}" for i in range(2000)) + " DONE"
@@ -195,8 +195,7 @@ def test_cut_middle_cuts_a_text_once_per_limit_and_encoding():
     encoded.clear()
     assert cut_middle(text, 321, counted) == first == cut_middle(text, 321, TOK)
     assert text not in encoded
-    # Another limit is cut anew, from the ids kept when the text was first cut (cut_ids).
-    assert cut_middle(text, 123, counted) != first and text not in encoded
+    assert cut_middle(text, 123, counted) != first and text in encoded
     assert TOK.count(cut_middle(text, 123, counted)) <= 123
 
 
@@ -258,13 +257,13 @@ def test_a_text_is_tokenised_once_and_counted_as_before(monkeypatch):
     assert encoded == texts + ["y" * 1000, texts[0]]
 
 
-def test_a_text_cut_at_two_limits_is_encoded_once_and_cut_as_afresh(monkeypatch):
-    """cut_middle keeps the ids of a text it cuts (`cut_ids`, by encoding and text, CUT_IDS_CHARS
-    characters, forgotten all at once when full): the same text cut at another limit (the latest
-    turn's texts at each render, a call's value at the folded room) is not encoded again, and
-    each cut is the one a fresh process makes. A text that fits is not kept."""
+def test_a_text_weighed_by_cut_ids_is_encoded_once_for_its_cuts_and_cut_as_afresh(monkeypatch):
+    """`cut_ids` keeps a text's ids (by encoding and text, CUT_IDS_CHARS characters, forgotten all
+    at once when full) and cut_middle cuts the text from them: weighed, then cut at three limits,
+    the text is encoded once, and each cut is the one a fresh process makes. A text cut_ids did
+    not weigh is not kept by cut_middle."""
     import engine.measure as measure
-    from engine.measure import Tokenizer
+    from engine.measure import Tokenizer, cut_ids
 
     encoded: list[str] = []
 
@@ -278,11 +277,13 @@ def test_a_text_cut_at_two_limits_is_encoded_once_and_cut_as_afresh(monkeypatch)
 
     counted = Tokenizer(encoding=TOK.encoding, scale=TOK.scale, _enc=Encoder())
     text = "CUT TWICE " + " ".join(f"item{i}" for i in range(1500)) + " END"
-    short = "fits in its limit, kept whole"
+    assert cut_ids(text, counted) == TOK._enc.encode_ordinary(text)
     cuts = [cut_middle(text, limit, counted) for limit in (300, 120, 48)]
     assert encoded.count(text) == 1
-    assert cut_middle(short, 100, counted) == short and cut_middle(short, 90, counted) == short
-    assert encoded.count(short) == 2  # not kept: fits
+    unweighed = "NOT WEIGHED " + " ".join(f"thing{i}" for i in range(900))
+    cut_middle(unweighed, 200, counted)
+    cut_middle(unweighed, 100, counted)
+    assert encoded.count(unweighed) == 2
     # The same cuts as with nothing kept (a fresh process).
     monkeypatch.setattr(measure, "_cuts", {})
     monkeypatch.setattr(measure, "_cut_ids", {})
@@ -295,8 +296,8 @@ def test_a_text_cut_at_two_limits_is_encoded_once_and_cut_as_afresh(monkeypatch)
     monkeypatch.setattr(measure, "_cut_ids", {})
     monkeypatch.setattr(measure, "_cut_ids_chars", [0])
     encoded.clear()
-    other = "OTHER " + " ".join(f"entry{i}" for i in range(800))
+    cut_ids(text, counted)
     assert cut_middle(text, 300, counted) == cuts[0]
-    cut_middle(other, 100, counted)
+    cut_ids("OTHER " + " ".join(f"entry{i}" for i in range(800)), counted)
     assert cut_middle(text, 120, counted) == cuts[1]
     assert encoded.count(text) == 2
