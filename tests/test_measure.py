@@ -255,3 +255,49 @@ def test_a_text_is_tokenised_once_and_counted_as_before(monkeypatch):
         counted.count(t)
     # 5,060 characters kept; the next text's 1,000 make it full: all forgotten, then counted again.
     assert encoded == texts + ["y" * 1000, texts[0]]
+
+
+def test_a_text_weighed_by_cut_ids_is_encoded_once_for_its_cuts_and_cut_as_afresh(monkeypatch):
+    """`cut_ids` keeps a text's ids (by encoding and text, CUT_IDS_CHARS characters, forgotten all
+    at once when full) and cut_middle cuts the text from them: weighed, then cut at three limits,
+    the text is encoded once, and each cut is the one a fresh process makes. A text cut_ids did
+    not weigh is not kept by cut_middle."""
+    import engine.measure as measure
+    from engine.measure import Tokenizer, cut_ids
+
+    encoded: list[str] = []
+
+    class Encoder:
+        def encode_ordinary(self, value):
+            encoded.append(value)
+            return TOK._enc.encode_ordinary(value)
+
+        def decode(self, ids):
+            return TOK._enc.decode(ids)
+
+    counted = Tokenizer(encoding=TOK.encoding, scale=TOK.scale, _enc=Encoder())
+    text = "CUT TWICE " + " ".join(f"item{i}" for i in range(1500)) + " END"
+    assert cut_ids(text, counted) == TOK._enc.encode_ordinary(text)
+    cuts = [cut_middle(text, limit, counted) for limit in (300, 120, 48)]
+    assert encoded.count(text) == 1
+    unweighed = "NOT WEIGHED " + " ".join(f"thing{i}" for i in range(900))
+    cut_middle(unweighed, 200, counted)
+    cut_middle(unweighed, 100, counted)
+    assert encoded.count(unweighed) == 2
+    # The same cuts as with nothing kept (a fresh process).
+    monkeypatch.setattr(measure, "_cuts", {})
+    monkeypatch.setattr(measure, "_cut_ids", {})
+    fresh = Tokenizer(encoding=TOK.encoding, scale=TOK.scale, _enc=TOK._enc)
+    assert cuts == [cut_middle(text, limit, fresh) for limit in (300, 120, 48)]
+    assert all(TOK.count(c) <= limit for (c, limit) in zip(cuts, (300, 120, 48)))
+    # Bounded: past CUT_IDS_CHARS characters the kept ids are forgotten, and the text encoded again.
+    monkeypatch.setattr(measure, "CUT_IDS_CHARS", len(text) + 10)
+    monkeypatch.setattr(measure, "_cuts", {})
+    monkeypatch.setattr(measure, "_cut_ids", {})
+    monkeypatch.setattr(measure, "_cut_ids_chars", [0])
+    encoded.clear()
+    cut_ids(text, counted)
+    assert cut_middle(text, 300, counted) == cuts[0]
+    cut_ids("OTHER " + " ".join(f"entry{i}" for i in range(800)), counted)
+    assert cut_middle(text, 120, counted) == cuts[1]
+    assert encoded.count(text) == 2

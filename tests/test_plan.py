@@ -153,3 +153,35 @@ def test_a_condensed_text_is_made_once_per_index_until_a_result_introduces_a_val
     assert grown.messages == afresh.messages and made
     named = [m["content"] for m in grown.messages if m["role"] == "assistant" and "is left out" in str(m.get("content"))]
     assert named and all("LATER_" in text.split("…")[1] for text in named)
+
+
+def test_a_long_call_s_value_is_encoded_once_for_its_cuts_at_both_rooms(monkeypatch):
+    """cut_call weighs a long call's string value by its ids (engine/measure.jac `cut_ids`), and
+    cut_middle cuts it from them: the value is encoded once for its cut to `verbatim_call_room`
+    and its later cut to `folded_call_room` (three times before: weighed, then cut at each room),
+    and each cut call is the one a fresh process makes."""
+    import engine.measure as measure
+    import engine.plan as plan_module
+    from engine.measure import Tokenizer, get_tokenizer
+
+    tok = get_tokenizer()
+    encoded: list[str] = []
+
+    class Encoder:
+        def encode_ordinary(self, value):
+            encoded.append(value)
+            return tok._enc.encode_ordinary(value)
+
+        def decode(self, ids):
+            return tok._enc.decode(ids)
+
+    value = "cat <<'EOF' > src/app.py\n" + "\n".join(f"def handler_{i}(x):\n    return x * {i}" for i in range(200)) + "\nEOF"
+    long_call = call("c1", "bash", {"command": value, "timeout": "30"})
+    counted = Tokenizer(encoding=tok.encoding, scale=tok.scale, _enc=Encoder())
+    cuts = [plan_module.cut_call(long_call, room, counted) for room in (64, 48)]
+    assert encoded.count(value) == 1
+    monkeypatch.setattr(measure, "_cuts", {})
+    monkeypatch.setattr(measure, "_cut_ids", {})
+    fresh = Tokenizer(encoding=tok.encoding, scale=tok.scale, _enc=tok._enc)
+    assert cuts == [plan_module.cut_call(long_call, room, fresh) for room in (64, 48)]
+    assert cuts[0] != cuts[1] and all(tok.call_tokens(c) < tok.call_tokens(long_call) for c in cuts)
