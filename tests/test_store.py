@@ -462,6 +462,16 @@ def test_a_flush_reads_no_node_row_the_connections_last_flush_left(tmp_path, mon
     assert engine.get_session("s")["events"] == len(REUSING) + 1
 
 
+def _session_named(engine: Engine, conn: sqlite3.Connection, name: str) -> str:
+    """Give session "s"'s stored row the name `name` through `conn`, outside any flush; its id."""
+    (key, text) = conn.execute("SELECT id, data FROM anchors WHERE arch_type = 'Session'").fetchone()
+    data = json.loads(text)
+    data["archetype"]["name"] = name
+    conn.execute("UPDATE anchors SET data = ? WHERE id = ?", (json.dumps(data), key))
+    conn.commit()
+    return key
+
+
 def test_a_flush_reads_the_rows_again_after_another_connection_or_its_own_changed_the_file(tmp_path, monkeypatch):
     engine = Engine(tmp_path / "store")
     engine.ingest("s", tool_rounds(2))
@@ -469,27 +479,21 @@ def test_a_flush_reads_the_rows_again_after_another_connection_or_its_own_change
     engine.ingest("s", tool_rounds(3))
     engine.ingest("s", tool_rounds(4))
     assert _known_rows_as_stored(db_file(engine)) > 0
-    # Another Engine (another connection) adds to the same session: the first one's next flush
-    # reads the rows again and merges into what the other stored (nothing of it is lost).
-    other = Engine(tmp_path / "store")
-    other.ingest("s", tool_rounds(6))
-    other.close()
-    before = len(reads)
-    engine.ingest("s", tool_rounds(7))
-    assert len(reads) > before
-    assert engine.get_session("s")["events"] == len(tool_rounds(7))
-    assert _known_rows_as_stored(db_file(engine)) > 0
-    # A change the connection makes itself outside a flush: read again too.
-    conn = next(conn for (conn, *_) in transactions._idle[engine._keepalive_path] if getattr(conn, "known", None))
-    (key, row) = next((key, row) for (key, row) in conn.known.items() if row[2] == "Session")
-    data = json.loads(row[4])
-    data["archetype"]["name"] = "changed outside a flush"
-    conn.execute("UPDATE anchors SET data = ? WHERE id = ?", (json.dumps(data), key))
-    conn.commit()
-    before = len(reads)
-    engine.ingest("s", tool_rounds(8))
-    assert len(reads) > before
-    assert json.loads(sqlite3.connect(db_file(engine)).execute("SELECT data FROM anchors WHERE id = ?", (key,)).fetchone()[0])[
-        "archetype"]["name"] == "changed outside a flush"
-    assert engine.get_session("s")["events"] == len(tool_rounds(8))
-    assert _known_rows_as_stored(db_file(engine)) > 0
+    # Another connection (another process, say) changes the session's row: the next flush reads
+    # the rows again and merges into what it stored (its change is not lost).
+    (conn, *_) = transactions._idle[engine._keepalive_path][-1]
+    assert conn.known
+    another = sqlite3.connect(db_file(engine))
+    key = _session_named(engine, another, "named by another")
+    another.close()
+    for (n, name) in ((6, "named by another"), (8, "named by itself")):
+        before = len(reads)
+        engine.ingest("s", tool_rounds(n))
+        assert len(reads) > before
+        with sqlite3.connect(db_file(engine)) as fresh:
+            assert json.loads(fresh.execute("SELECT data FROM anchors WHERE id = ?", (key,)).fetchone()[0])["archetype"]["name"] == name
+        assert engine.get_session("s")["events"] == len(tool_rounds(n))
+        assert _known_rows_as_stored(db_file(engine)) > 0
+        # The connection the flushes use changes the row itself, outside a flush: read again too.
+        (conn, *_) = transactions._idle[engine._keepalive_path][-1]
+        _session_named(engine, conn, "named by itself")
