@@ -57,13 +57,14 @@ def merge_by_id(store: Any, conn: sqlite3.Connection, intent: WriteIntent) -> No
     """Add the edges of a `links_by_id` intent to the stored node's row, in `store`'s (a
     SharedSqliteStore's) write transaction: on its text when the row is in the current format, else
     as the store merges the node loaded from the row with the edges appended (what the call would
-    have done loading it). The stored row is the store's `stored_row` (read, or known from the
-    connection's last flush). A node deleted since is a lost race (`ResultGone`): the call runs again."""
+    have done loading it). A node deleted since is a lost race (`ResultGone`): the call runs again."""
     key = str(intent.anchor.id)
-    stored = store.stored_row(conn, key)
+    stored = conn.execute(
+        "SELECT type, arch_module, arch_type, fingerprint, data, format_version FROM anchors WHERE id = ?", (key,)
+    ).fetchone()
     if stored is None:
         raise ResultGone(anchor_id=intent.anchor.id, expected_version=0, actual_version=-1)
-    if merge_edge_ids(conn, key, stored, intent.edges_added, getattr(store, "_rows", None)):
+    if merge_edge_ids(conn, key, stored, intent.edges_added):
         return
     loaded = Serializer.deserialize(json.loads(stored[4]))
     if not isinstance(loaded, NodeAnchor) or not loaded.is_populated():

@@ -123,16 +123,7 @@ def _head(seen: _Seen) -> str | None:
 _CANONICAL_IDS = re.compile(r"(?:[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12},)*")
 
 
-def _write(conn: sqlite3.Connection, key: str, row: tuple, rows: dict[str, tuple | None] | None) -> None:
-    """Write the node row `row` (`INSERT_ROW`'s columns after the id) of `key`; `rows`, when given,
-    gets it as a stored row reads (adapters/store.py `stored_row`)."""
-    conn.execute(INSERT_ROW, (key, *row))
-    if rows is not None:
-        rows[key] = row[:6]
-
-
-def merge_edge_ids(conn: sqlite3.Connection, key: str, stored: tuple, added_ids: list[UUID],
-                   rows: dict[str, tuple | None] | None = None) -> bool:
+def merge_edge_ids(conn: sqlite3.Connection, key: str, stored: tuple, added_ids: list[UUID]) -> bool:
     """The row jaclang's merge writes for a stored node that a call gave new edges (`added_ids`, in
     the order it linked them) without changing anything else, made from the stored row alone: the
     call never loaded the node. A load would have given it the stored edges, in their order, and
@@ -141,7 +132,7 @@ def merge_edge_ids(conn: sqlite3.Connection, key: str, stored: tuple, added_ids:
     follows how it was built), so the merged list is the one jaclang's merge (and
     `merge_stored_text`) writes, and the version is advanced as it advances it. Only for a row in
     the current format of its class (`_current_node`); False for any other, which the store
-    merges as jaclang would the node loaded from it. `rows`: as `_write`'s."""
+    merges as jaclang would the node loaded from it."""
     (arch_module, arch_type) = stored[1:3]
     cls = Serializer._get_class(arch_module, arch_type) if arch_module and arch_type else None
     seen = _current_node(key, stored, cls)
@@ -178,7 +169,8 @@ def merge_edge_ids(conn: sqlite3.Connection, key: str, stored: tuple, added_ids:
     # The row's text up to its edge list is the stored one: only what follows is written anew.
     head = seen.head if seen.head is not None or seen.ints is not None else _head(seen)
     text = head + _id_tail(data["edges"], data["version"]) if head is not None else json.dumps(data)
-    _write(conn, key, ("NodeAnchor", arch_module, arch_type, stored[3], text, jac_memory.SQLITE_DB_FORMAT_VERSION, row_time()), rows)
+    conn.execute(INSERT_ROW, (key, "NodeAnchor", arch_module, arch_type, stored[3], text,
+                              jac_memory.SQLITE_DB_FORMAT_VERSION, row_time()))
     _remember(key, _Seen(text, data, merged, head))
     return True
 
@@ -195,7 +187,7 @@ def _same_access(stored: object, access: object) -> bool:
 
 
 def merge_stored_text(conn: sqlite3.Connection, key: str, stored: tuple, intent: WriteIntent,
-                      edge_lists: dict[int, list[str]] | None = None, rows: dict[str, tuple | None] | None = None) -> bool:
+                      edge_lists: dict[int, list[str]] | None = None) -> bool:
     """jaclang's merge of an edge-list change and dirty fields into the stored row, made on the
     row's JSON instead of on the node deserialised from it and serialised whole again: the
     stored values are kept as stored, only the edge list, the version, the access and the dirty
@@ -205,7 +197,7 @@ def merge_stored_text(conn: sqlite3.Connection, key: str, stored: tuple, intent:
     in the current format of its current class (the same fields, so the stored row is what
     jaclang would write for it); False for anything else, which jaclang merges. `edge_lists`, when
     given, gets the node's stored edge list after the merge (none when its row was deleted), by its
-    id's number; `rows`, the row written (None when deleted), as `_write`'s."""
+    id's number."""
     anchor = intent.anchor
     arch = anchor.archetype
     if intent.is_create() or not isinstance(anchor, NodeAnchor) or arch is None or isinstance(arch, Root):
@@ -245,8 +237,6 @@ def merge_stored_text(conn: sqlite3.Connection, key: str, stored: tuple, intent:
         if not data["edges"]:
             conn.execute("DELETE FROM anchors WHERE id = ?", (key,))
             _remember(key, None)
-            if rows is not None:
-                rows[key] = None
             return True
         changed = True
     if not _same_access(data.get("access"), anchor.access):
@@ -259,7 +249,8 @@ def merge_stored_text(conn: sqlite3.Connection, key: str, stored: tuple, intent:
         changed = True  # as jaclang: a flagged field is written, even to the same value
     if changed:
         text = json.dumps(data)
-        _write(conn, key, ("NodeAnchor", arch_module, arch_type, fingerprint, text, jac_memory.SQLITE_DB_FORMAT_VERSION, row_time()), rows)
+        conn.execute(INSERT_ROW, (key, "NodeAnchor", arch_module, arch_type, fingerprint, text,
+                               jac_memory.SQLITE_DB_FORMAT_VERSION, row_time()))
         _remember(key, _Seen(text, data))
     if edge_lists is not None:
         edge_lists[anchor.id.int] = data["edges"]

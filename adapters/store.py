@@ -24,8 +24,7 @@ in-process Engine, adapters/local.py, both answer it with `SharedSqliteStore`):
 - **Edges added to a stored node by its id**, the node never loaded (adapters/by_id.py).
 - **Connections reused**: a closed context's idle connection is kept, a few per file, for the
   next context on the same file while the file is the one it opened; `release` closes them. jaclang's
-  class aliases are loaded again only when another connection wrote the file, and a merge reads no node
-  row the connection's last flush left while nothing else changed the file (adapters/transactions.py).
+  class aliases are loaded again only when another connection wrote the file (adapters/transactions.py).
 - **No write to open the store**: the schema is created (or a legacy store migrated) only when not
   current (jaclang wrote its schema row at every connection: a write each read call waited for).
 
@@ -58,8 +57,8 @@ from jaclang.runtimelib.changeset import ChangeSet, WriteIntent  # noqa: E402
 from contextrender.by_id import links_by_id, merge_by_id  # noqa: E402
 from contextrender.merges import merge_stored_text  # noqa: E402
 from contextrender.rows import INSERT_ROW as _INSERT, anchor_row, forget_id_texts, id_text, time_rows  # noqa: E402
-from contextrender.transactions import (KnownConnection, aliases_loaded, file_key, idle_connection, in_blocks, keep_idle,  # noqa: E402
-                                         keep_known, known_rows, release, with_written, without_written, write_turn)
+from contextrender.transactions import (aliases_loaded, file_key, idle_connection, in_blocks, keep_idle, release,  # noqa: E402
+                                         with_written, without_written, write_turn)
 
 __all__ = ["LENDER", "SharedSqliteStore", "StorePlugin", "busy_timeout", "file_key", "in_blocks", "install", "mongodb_configured",
            "release"]
@@ -70,7 +69,6 @@ _INSERT_NEW = _INSERT.replace("INSERT OR REPLACE", "INSERT OR IGNORE")
 # A flush creating more rows than this writes them ahead in transactions of this many.
 WRITE_AHEAD_BATCH = 2000
 _TABLES = ("anchors", "anchors_quarantine", "schema_meta", "aliases")
-_SELECT_ROW = "SELECT type, arch_module, arch_type, fingerprint, data, format_version FROM anchors WHERE id = ?"
 @contextlib.contextmanager
 def collector_held() -> Iterator[None]:
     """No full collection of Python's cyclic collector inside (engine/courtesy.jac counts the holds)."""
@@ -138,7 +136,7 @@ class SharedSqliteStore(jac_memory.SqliteMemory):
         parent = os.path.dirname(self.path)
         if parent:
             os.makedirs(parent, exist_ok=True)
-        conn = sqlite3.connect(self.path, check_same_thread=False, timeout=busy_timeout(), factory=KnownConnection)
+        conn = sqlite3.connect(self.path, check_same_thread=False, timeout=busy_timeout())
         conn.execute("PRAGMA journal_mode=WAL")
         conn.execute("PRAGMA synchronous=NORMAL")
         if not _schema_is_current(conn):
@@ -197,15 +195,11 @@ class SharedSqliteStore(jac_memory.SqliteMemory):
             self._prepared = {key: row for (key, row) in rows.items() if key not in ahead} if ahead else rows
             self._written_ahead, own = ahead, without_written(changeset, ahead)  # (adapters/transactions.py)
             self._edge_lists = edges = {}
-            # The node rows the connection's last flush left (`_apply_one`), and this one's (`_note`).
-            (self._known, self._rows) = (False, {})
             try:
                 with write_turn(self.__conn__, self.path, busy_timeout()):
                     report = with_written(super().apply(own), changeset, ahead, own)
-                keep_known(self.__conn__, self._rows if self._known is not False else None,
-                           bool(report.applied) and not (report.failed or report.skipped or report.conflicts))
             finally:
-                self._prepared, self._written_ahead, self._edge_lists, self._known, self._rows = {}, set(), None, None, None
+                self._prepared, self._written_ahead, self._edge_lists = {}, set(), None
             self.edges_written = edges if report.applied and not report.conflicts else {}
             if ahead and (unapplied := ahead - {id.int for id in report.applied}):
                 self._take_back(unapplied)
@@ -292,28 +286,6 @@ class SharedSqliteStore(jac_memory.SqliteMemory):
                 return {}  # no JSON functions in this SQLite: none known
         return {UUID(key): root for (key, root) in found}
 
-    def _apply_one(self, conn: sqlite3.Connection, intent: WriteIntent) -> None:
-        if getattr(self, "_known", None) is False:  # the transaction's first intent: nothing changed yet
-            self._known = known_rows(conn)
-        if intent.is_delete():
-            self._note(id_text(intent.anchor.id), None)
-        super()._apply_one(conn, intent)
-
-    def _note(self, key: str, row: tuple | None) -> None:
-        """This flush left `row` stored for `key`: known when a node's (None: deleted, or merged by jaclang)."""
-        if getattr(self, "_rows", None) is not None:
-            self._rows[key] = row if row is not None and row[0] == "NodeAnchor" else None
-
-    def stored_row(self, conn: sqlite3.Connection, key: str) -> tuple | None:
-        """The stored row of `key` (`_SELECT_ROW`'s columns) in this flush's transaction: as this flush or
-        the connection's last one left it when known (`known_rows`), else read (a node row read is then)."""
-        (rows, known) = (getattr(self, "_rows", None) or {}, getattr(self, "_known", None) or {})
-        stored = rows[key] if key in rows else known.get(key)
-        if stored is None:
-            stored = conn.execute(_SELECT_ROW, (key,)).fetchone()
-            self._note(key, stored)
-        return stored
-
     def _merge_edge_ids(self, conn: sqlite3.Connection, intent: WriteIntent) -> None:
         """Add the edges of an intent that links a stored node by id (adapters/by_id.py)."""
         merge_by_id(self, conn, intent)
@@ -327,28 +299,27 @@ class SharedSqliteStore(jac_memory.SqliteMemory):
         if row is not None and conn.execute(_INSERT_NEW, row).rowcount == 1:
             # A created anchor with no stored row: inserted, as below, without a read (a stored
             # row with its id is left as it is, and merged below).
-            self._note(key, row[1:7])
             return
         if links_by_id(intent):  # (never created: not among the rows above)
             self._merge_edge_ids(conn, intent)
             return
-        stored = self.stored_row(conn, key)
+        stored = conn.execute(
+            "SELECT type, arch_module, arch_type, fingerprint, data, format_version FROM anchors WHERE id = ?", (key,)
+        ).fetchone()
         if stored is None:
             row = self._prepared.get(number) if hasattr(self, "_prepared") else None
             if row is not None:
                 conn.execute(_INSERT, row)
-                self._note(key, row[1:7])
                 return
         elif self._merge_stored_text(conn, key, stored, intent):
             return
         # Anything else: jaclang's merge with what is stored.
-        self._note(key, None)
         super()._merge_write(conn, intent)
 
     def _merge_stored_text(self, conn: sqlite3.Connection, key: str, stored: tuple, intent: WriteIntent) -> bool:
         """jaclang's merge of an intent into a stored row, made on the row's JSON where it can be
         (adapters/merges.py `merge_stored_text`); False when jaclang must merge it."""
-        return merge_stored_text(conn, key, stored, intent, getattr(self, "_edge_lists", None), getattr(self, "_rows", None))
+        return merge_stored_text(conn, key, stored, intent, getattr(self, "_edge_lists", None))
 
 
 class StorePlugin:

@@ -23,15 +23,6 @@ bounded by the busy timeout, and a big flush's own transaction without the rows 
   connection is kept, a few per file, for the next context on the same file while the file is the
   one it opened. jaclang loads the file's class aliases at each connection; a kept one loads them
   again only when another connection committed to the file since it last did (`aliases_loaded`).
-- **The node rows a connection's own flushes left, not read back** (`KnownConnection`,
-  `known_rows`, `keep_known`): a flush merges each changed stored node into its stored row, read
-  first inside its write transaction (the session, the render epoch, the chain's tail, the
-  results a call reuses: each written by the call before). A store connection remembers the node
-  rows its last flush wrote or read; the next flush on it takes them instead of reading them when
-  nothing else changed the file since: no other connection committed (its `PRAGMA data_version`,
-  read inside the new write transaction, is the one read inside the last) and it made no other
-  change itself (its `total_changes` is the count its last flush ended with). Only a flush that
-  applied every intent it was given, and committed, leaves rows known; any other forgets them.
 """
 
 from __future__ import annotations
@@ -51,9 +42,8 @@ import_jaclang()  # before any jaclang import of this module: without the server
 
 from jaclang.runtimelib import memory as jac_memory  # noqa: E402
 
-__all__ = ["ID_BLOCK", "KNOWN_CHARS_MAX", "MAX_IDLE", "WRITE_TURNS", "KnownConnection", "aliases_loaded", "data_version", "file_key",
-           "idle_connection", "in_blocks", "keep_idle", "keep_known", "known_rows", "release", "with_written", "without_written",
-           "write_turn"]
+__all__ = ["ID_BLOCK", "MAX_IDLE", "WRITE_TURNS", "aliases_loaded", "data_version", "file_key", "idle_connection", "in_blocks",
+           "keep_idle", "release", "with_written", "without_written", "write_turn"]
 
 # Ids bound to one `IN (...)` list (within the 999 parameters a statement of an older SQLite takes).
 ID_BLOCK = 500
@@ -157,59 +147,6 @@ def idle_connection(path: str) -> tuple[sqlite3.Connection, int | None] | None:
 def data_version(conn: sqlite3.Connection) -> int:
     """SQLite's count that changes when another connection commits to the file (not this one)."""
     return conn.execute("PRAGMA data_version").fetchone()[0]
-
-
-# The characters of row texts a connection remembers (`KnownConnection`); past them it forgets them all.
-KNOWN_CHARS_MAX = 2_000_000
-
-
-class KnownConnection(sqlite3.Connection):
-    """A store connection (adapters/store.py opens its own with this class) that remembers the node
-    rows its last flush left: id text -> the stored row as `SELECT type, arch_module, arch_type,
-    fingerprint, data, format_version` reads it; with the `data_version` read inside that flush's
-    write transaction and its `total_changes` when the flush ended (None: nothing known)."""
-
-    known: dict[str, tuple] | None = None
-    known_version: int | None = None
-    known_changes: int = -1
-    known_chars: int = 0
-
-
-def known_rows(conn: sqlite3.Connection) -> dict[str, tuple] | None:
-    """Inside a write transaction on `conn`, before it changed anything: the node rows its last
-    flush left, when nothing changed the file since (no other connection's commit: its
-    data_version is the one read then; no other change of its own: its total_changes is the
-    count then), else none (forgotten); None for a connection that does not remember."""
-    if not isinstance(conn, KnownConnection):
-        return None
-    version = data_version(conn)
-    if conn.known is None or version != conn.known_version or conn.total_changes != conn.known_changes:
-        (conn.known, conn.known_chars) = ({}, 0)
-    conn.known_version = version
-    return conn.known
-
-
-def keep_known(conn: sqlite3.Connection, rows: dict[str, tuple | None] | None, clean: bool) -> None:
-    """After a flush on `conn` that took `known_rows`: the rows it wrote or read (None: a row it
-    deleted, or changed by a way not told here) kept with those known, when the flush applied every
-    intent and committed (`clean`); else all forgotten."""
-    if not isinstance(conn, KnownConnection) or conn.known is None:
-        return
-    if not clean or rows is None:
-        (conn.known, conn.known_version, conn.known_chars) = (None, None, 0)
-        return
-    known = conn.known
-    for (key, row) in rows.items():
-        old = known.pop(key, None)
-        if old is not None:
-            conn.known_chars -= len(old[4])
-        if row is not None:
-            known[key] = row
-            conn.known_chars += len(row[4])
-    if conn.known_chars > KNOWN_CHARS_MAX:
-        (conn.known, conn.known_version, conn.known_chars) = (None, None, 0)
-        return
-    conn.known_changes = conn.total_changes
 
 
 def aliases_loaded(conn: sqlite3.Connection, aliased: int | None) -> int:

@@ -13,7 +13,7 @@ import threading
 import time
 import uuid
 
-from conftest import REUSING, assistant, call, db_file, hold_write_lock, tool, tool_rounds, trace_prefix, user
+from conftest import assistant, call, db_file, hold_write_lock, tool, tool_rounds, trace_prefix, user
 
 from contextrender import Engine, store, transactions
 
@@ -412,88 +412,3 @@ def test_a_kept_connection_loads_the_aliases_again_only_after_another_connection
     assert len(loads) == before + 1
     assert engine.get_session("s")["events"] == 6
     engine.close()
-
-
-def _known_rows_as_stored(path: str) -> int:
-    """Every node row a kept connection of the store remembers from its last flush
-    (adapters/transactions.py `KnownConnection`) is the stored row, column for column; how many."""
-    fresh = sqlite3.connect(path)
-    count = 0
-    try:
-        for (file, kept) in list(transactions._idle.items()):
-            for (conn, *_) in kept if os.path.exists(file) and os.path.samefile(file, path) else ():
-                for (key, row) in (getattr(conn, "known", None) or {}).items():
-                    assert fresh.execute(store._SELECT_ROW, (key,)).fetchone() == row, key
-                    count += 1
-    finally:
-        fresh.close()
-    return count
-
-
-def _traced_reads(engine: Engine, monkeypatch) -> list[str]:
-    """The stored-row reads of the merges on the store's connections opened from now on."""
-    reads: list[str] = []
-    connect = sqlite3.connect
-
-    def traced(*args, **kwargs):
-        conn = connect(*args, **kwargs)
-        conn.set_trace_callback(lambda sql: reads.append(sql) if sql.lstrip().startswith("SELECT type, arch_module") else None)
-        return conn
-
-    monkeypatch.setattr(store.sqlite3, "connect", traced)
-    store.release(engine._keepalive_path)  # the next call opens a (traced) connection
-    return reads
-
-
-def test_a_flush_reads_no_node_row_the_connections_last_flush_left(tmp_path, monkeypatch):
-    engine = Engine(tmp_path / "store")
-    engine.render("s", REUSING[:3], budget=4000)
-    reads = _traced_reads(engine, monkeypatch)
-    per_call = []
-    for end in range(4, len(REUSING) + 1):
-        before = len(reads)
-        # Each call merges the session, the render epoch, the chain's tail and the results it reuses.
-        engine.render("s", REUSING[:end] + [assistant("done")] * (end == len(REUSING)), budget=4000)
-        per_call.append(len(reads) - before)
-        assert _known_rows_as_stored(db_file(engine)) > 0
-    # The first call on the new connection reads the rows it merges; the next ones read none
-    # (each read 2-5 of them before).
-    assert per_call[0] > 0 and per_call[1:] == [0] * (len(per_call) - 1), per_call
-    assert engine.get_session("s")["events"] == len(REUSING) + 1
-
-
-def _session_named(engine: Engine, conn: sqlite3.Connection, name: str) -> str:
-    """Give session "s"'s stored row the name `name` through `conn`, outside any flush; its id."""
-    (key, text) = conn.execute("SELECT id, data FROM anchors WHERE arch_type = 'Session'").fetchone()
-    data = json.loads(text)
-    data["archetype"]["name"] = name
-    conn.execute("UPDATE anchors SET data = ? WHERE id = ?", (json.dumps(data), key))
-    conn.commit()
-    return key
-
-
-def test_a_flush_reads_the_rows_again_after_another_connection_or_its_own_changed_the_file(tmp_path, monkeypatch):
-    engine = Engine(tmp_path / "store")
-    engine.ingest("s", tool_rounds(2))
-    reads = _traced_reads(engine, monkeypatch)
-    engine.ingest("s", tool_rounds(3))
-    engine.ingest("s", tool_rounds(4))
-    assert _known_rows_as_stored(db_file(engine)) > 0
-    # Another connection (another process, say) changes the session's row: the next flush reads
-    # the rows again and merges into what it stored (its change is not lost).
-    (conn, *_) = transactions._idle[engine._keepalive_path][-1]
-    assert conn.known
-    another = sqlite3.connect(db_file(engine))
-    key = _session_named(engine, another, "named by another")
-    another.close()
-    for (n, name) in ((6, "named by another"), (8, "named by itself")):
-        before = len(reads)
-        engine.ingest("s", tool_rounds(n))
-        assert len(reads) > before
-        with sqlite3.connect(db_file(engine)) as fresh:
-            assert json.loads(fresh.execute("SELECT data FROM anchors WHERE id = ?", (key,)).fetchone()[0])["archetype"]["name"] == name
-        assert engine.get_session("s")["events"] == len(tool_rounds(n))
-        assert _known_rows_as_stored(db_file(engine)) > 0
-        # The connection the flushes use changes the row itself, outside a flush: read again too.
-        (conn, *_) = transactions._idle[engine._keepalive_path][-1]
-        _session_named(engine, conn, "named by itself")
