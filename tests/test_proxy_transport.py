@@ -64,7 +64,12 @@ class RawUpstream:
 
 
 def run(coroutine):
-    return asyncio.run(coroutine)
+    """`coroutine` run to its end, failing after 60 s (a request aiohttp holds back waits for ever:
+    no read timeout runs until its body is sent)."""
+    async def bounded():
+        async with asyncio.timeout(60):
+            return await coroutine
+    return asyncio.run(bounded())
 
 
 def test_the_upstream_receives_the_bytes_httpxs_own_transport_sends():
@@ -73,18 +78,22 @@ def test_the_upstream_receives_the_bytes_httpxs_own_transport_sends():
                                                    (b"x-name", "caf\u00e9 \u4f1a\u8bdd".encode())], b'{"a": 1}'),
         ("GET", "/v1/models", [(b"accept", b"*/*")], b""),
         ("POST", "/v1/messages", [(b"x-latin", b"caf\xe9")], b"{}"),  # not UTF-8: sent by httpx's transport
+        # aiohttp would wait for a 100 Continue this upstream never sends: sent by httpx's transport
+        ("POST", "/v1/responses", [(b"Expect", b"100-continue")], b"{}"),
     ]
 
     async def main() -> None:
         async with RawUpstream() as upstream:  # one server: the same Host header for both
             for transport in (AiohttpTransport(), httpx.AsyncHTTPTransport()):
                 for method, path, headers, body in requests:
-                    request = httpx.Request(method, upstream.url + path, headers=headers, content=body)
+                    request = httpx.Request(method, upstream.url + path, headers=headers, content=body,
+                                            extensions={"timeout": httpx.Timeout(5.0).as_dict()})
                     response = await transport.handle_async_request(request)
                     await response.aread()
                     await response.aclose()
                 await transport.aclose()
-        assert upstream.received[:3] == upstream.received[3:]
+        assert len(upstream.received) == 2 * len(requests)
+        assert upstream.received[:len(requests)] == upstream.received[len(requests):]
 
     run(main())
 

@@ -7,8 +7,8 @@ that a timeout is still a `TimeoutException` (504) and any other failure an `HTT
 
 What the upstream receives is what httpx sent: the request's own headers, byte for byte, and
 nothing added (aiohttp's default Accept, Accept-Encoding, User-Agent and Content-Type are turned
-off; a header that is not UTF-8, which aiohttp's writer cannot send as it came, goes through
-httpx's own transport); the answer is not decompressed (httpx's `Response` decodes what it reads
+off; a request with a header that is not UTF-8, which aiohttp's writer cannot send as it came,
+or with `Expect`, whose body aiohttp would hold back, goes through httpx's own transport); the answer is not decompressed (httpx's `Response` decodes what it reads
 as before); no cookie is kept; redirects are not followed. The client's timeouts (connect, read,
 pool), its TLS settings (`verify`, `cert`, SSL_CERT_FILE with `trust_env`), its limits (the
 number of connections; idle ones kept `keepalive_expiry` seconds) and the proxies its environment
@@ -72,13 +72,16 @@ class _Body(httpx.AsyncByteStream):
         self._response.release()
 
 
-def _utf8_headers(request: httpx.Request) -> list[tuple[str, str]] | None:
-    """The request's headers as aiohttp takes them (text it writes as UTF-8), or None if one is
-    not UTF-8."""
+def _aiohttp_headers(request: httpx.Request) -> list[tuple[str, str]] | None:
+    """The request's headers as aiohttp takes them (text it writes as UTF-8), or None if aiohttp
+    would not send the request as httpx does: a header that is not UTF-8, or `Expect` (given
+    `Expect: 100-continue`, aiohttp holds the body back until the upstream answers 100 Continue,
+    which an upstream that ignores the header never does; httpx sends it at once)."""
     try:
-        return [(name.decode(), value.decode()) for name, value in request.headers.raw]
+        headers = [(name.decode(), value.decode()) for name, value in request.headers.raw]
     except UnicodeDecodeError:
         return None
+    return None if "expect" in request.headers else headers
 
 
 class AiohttpTransport(httpx.AsyncBaseTransport):
@@ -101,7 +104,7 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
                                      cookie_jar=aiohttp.DummyCookieJar(), timeout=aiohttp.ClientTimeout(total=None))
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        headers = _utf8_headers(request)
+        headers = _aiohttp_headers(request)
         if headers is None:
             return await self._fallback.handle_async_request(request)
         if self._session is None:
