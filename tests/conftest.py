@@ -215,6 +215,25 @@ def scripted_tool_loop(upstream, prefix: str, text: Callable[[int], str | None],
 # ---------------------------------------------------------------- the embedded store's file (tests/test_store.py, test_transactions.py)
 
 
+
+def recording_tokenizer(tok: Any) -> tuple[Any, list[str]]:
+    """A Tokenizer like `tok` whose encoder records each text it encodes (in the list returned with
+    it): what the token-count and cut caches' tests count."""
+    from engine.measure import Tokenizer
+
+    encoded: list[str] = []
+
+    class Encoder:
+        def encode_ordinary(self, value):
+            encoded.append(value)
+            return tok._enc.encode_ordinary(value)
+
+        def decode(self, ids):
+            return tok._enc.decode(ids)
+
+    return Tokenizer(encoding=tok.encoding, scale=tok.scale, _enc=Encoder()), encoded
+
+
 def db_file(engine: Engine) -> str:
     """The one SQLite file of an Engine's store."""
     files = sorted(engine.store.rglob("*.db"))

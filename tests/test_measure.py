@@ -7,7 +7,7 @@ import pytest
 
 from contextrender import local as engine  # noqa: F401
 from engine.measure import cut_middle, get_embedder, get_tokenizer, pack_vector, unpack_vector
-from tests.conftest import assistant, call, in_new_process, tool, user
+from tests.conftest import assistant, call, in_new_process, recording_tokenizer, tool, user
 
 TOK = get_tokenizer()
 
@@ -175,21 +175,8 @@ def test_cut_middle_respects_the_limit_and_keeps_both_ends(limit):
 def test_cut_middle_cuts_a_text_once_per_limit_and_encoding():
     """A render cuts the same task to the same share at every request: the second cut is the
     first one's text, without tokenising the text again; another limit or encoding is cut anew."""
-    from engine.measure import Tokenizer
-
     text = "TASK " + " ".join(f"step{i}" for i in range(2000)) + " DONE"
-    counted = Tokenizer(encoding=TOK.encoding, scale=TOK.scale, _enc=TOK._enc)
-    encoded: list[str] = []
-
-    class Encoder:
-        def encode_ordinary(self, value):
-            encoded.append(value)
-            return TOK._enc.encode_ordinary(value)
-
-        def decode(self, ids):
-            return TOK._enc.decode(ids)
-
-    counted._enc = Encoder()
+    (counted, encoded) = recording_tokenizer(TOK)
     first = cut_middle(text, 321, counted)
     assert text in encoded
     encoded.clear()
@@ -234,14 +221,7 @@ def test_a_text_is_tokenised_once_and_counted_as_before(monkeypatch):
     import engine.measure as measure
     from engine.measure import Tokenizer
 
-    encoded: list[str] = []
-
-    class Encoder:
-        def encode_ordinary(self, value):
-            encoded.append(value)
-            return TOK._enc.encode_ordinary(value)
-
-    counted = Tokenizer(encoding=TOK.encoding, scale=TOK.scale, _enc=Encoder())
+    (counted, encoded) = recording_tokenizer(TOK)
     texts = ["def f(x):\n    return x + 1\n", '{"path": "src/a.py"}', "ünïcode ✓ text", "x" * 5000]
     assert [counted.count(t) for t in texts] == [len(TOK._enc.encode_ordinary(t)) for t in texts]
     assert [counted.count(t) for t in texts] == [len(TOK._enc.encode_ordinary(t)) for t in texts]
@@ -249,8 +229,7 @@ def test_a_text_is_tokenised_once_and_counted_as_before(monkeypatch):
     claude = Tokenizer(encoding="claude", scale=1.15, _enc=TOK._enc)
     assert claude.count(texts[0]) == claude.count(texts[0]) == -(-len(TOK._enc.encode_ordinary(texts[0])) * 115 // 100)
     monkeypatch.setattr(measure, "COUNT_CACHE_CHARS", 6000)
-    encoded.clear()
-    counted = Tokenizer(encoding=TOK.encoding, scale=TOK.scale, _enc=Encoder())
+    (counted, encoded) = recording_tokenizer(TOK)
     for t in texts + texts + ["y" * 1000, texts[0]]:
         counted.count(t)
     # 5,060 characters kept; the next text's 1,000 make it full: all forgotten, then counted again.
@@ -265,17 +244,7 @@ def test_a_text_weighed_by_cut_ids_is_encoded_once_for_its_cuts_and_cut_as_afres
     import engine.measure as measure
     from engine.measure import Tokenizer, cut_ids
 
-    encoded: list[str] = []
-
-    class Encoder:
-        def encode_ordinary(self, value):
-            encoded.append(value)
-            return TOK._enc.encode_ordinary(value)
-
-        def decode(self, ids):
-            return TOK._enc.decode(ids)
-
-    counted = Tokenizer(encoding=TOK.encoding, scale=TOK.scale, _enc=Encoder())
+    (counted, encoded) = recording_tokenizer(TOK)
     text = "CUT TWICE " + " ".join(f"item{i}" for i in range(1500)) + " END"
     assert cut_ids(text, counted) == TOK._enc.encode_ordinary(text)
     cuts = [cut_middle(text, limit, counted) for limit in (300, 120, 48)]

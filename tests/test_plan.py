@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from contextrender import Engine
 from engine.measure import MESSAGE_OVERHEAD
-from tests.conftest import assistant, call, tool, user
+from tests.conftest import assistant, call, recording_tokenizer, tool, user
 from tests.test_render import assert_sound, filler
 
 
@@ -165,19 +165,9 @@ def test_a_long_call_s_value_is_encoded_once_for_its_cuts_at_both_rooms(monkeypa
     from engine.measure import Tokenizer, get_tokenizer
 
     tok = get_tokenizer()
-    encoded: list[str] = []
-
-    class Encoder:
-        def encode_ordinary(self, value):
-            encoded.append(value)
-            return tok._enc.encode_ordinary(value)
-
-        def decode(self, ids):
-            return tok._enc.decode(ids)
-
     value = "cat <<'EOF' > src/app.py\n" + "\n".join(f"def handler_{i}(x):\n    return x * {i}" for i in range(200)) + "\nEOF"
     long_call = call("c1", "bash", {"command": value, "timeout": "30"})
-    counted = Tokenizer(encoding=tok.encoding, scale=tok.scale, _enc=Encoder())
+    (counted, encoded) = recording_tokenizer(tok)
     cuts = [plan_module.cut_call(long_call, room, counted) for room in (64, 48)]
     assert encoded.count(value) == 1
     monkeypatch.setattr(measure, "_cuts", {})
