@@ -256,6 +256,7 @@ def test_a_text_weighed_by_cut_ids_is_encoded_once_for_its_cuts_and_cut_as_afres
     # The same cuts as with nothing kept (a fresh process).
     monkeypatch.setattr(measure, "_cuts", {})
     monkeypatch.setattr(measure, "_cut_ids", {})
+    monkeypatch.setattr(measure, "_cut_ids_chars", [0])
     fresh = Tokenizer(encoding=TOK.encoding, scale=TOK.scale, _enc=TOK._enc)
     assert cuts == [cut_middle(text, limit, fresh) for limit in (300, 120, 48)]
     assert all(TOK.count(c) <= limit for (c, limit) in zip(cuts, (300, 120, 48)))

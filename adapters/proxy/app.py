@@ -28,7 +28,6 @@ from contextrender.proxy.protocols import PROTOCOLS, Protocol, format_of_path, f
 from contextrender.proxy.restores import RequestRounds, Restores, encoded_body, first_body
 from contextrender.proxy.sessions import Sessions, chain_events, derive_session, model_encoding, named_session
 from contextrender.proxy.upstream import Upstream, error
-from contextrender.proxy.transport import UpstreamClient
 from contextrender.settings import positive_number
 
 __all__ = ["BUDGET_HEADER", "DEFAULT_SELECTOR", "READY_PATH", "SELECTOR_HEADER", "SESSION_HEADER", "SESSION_NAME_HEADER", "STATUS_HEADER",
@@ -348,7 +347,7 @@ def create_app(
         # heap: a first request with 150 results 2.0 s, against 0.27 s after it.
         gc.collect()
         gc.freeze()
-        async with UpstreamClient(timeout=timeout, limits=httpx.Limits(max_connections=None)) as client:
+        async with httpx.AsyncClient(timeout=timeout, limits=httpx.Limits(max_connections=None)) as client:
             proxy.upstream.client = client
             yield
             await proxy.sessions.store_all()  # the answers no request came back for

@@ -96,8 +96,7 @@ class Upstream:
 
     async def send(self, request: httpx.Request, stream: bool = False) -> httpx.Response:
         """`client.send(request, stream=stream)`, made through the client's transport for the URL
-        (aiohttp's pool since 2026-12-07, `transport.py`, or the proxy its environment names), with
-        the client's timeout: what
+        (the pool, or the proxy its environment names), with the client's timeout: what
         `AsyncClient.send` adds around that call (the cookies of answers kept in the client, the
         auth and redirect flows, event hooks) is nothing the proxy uses (it sends each request as it
         built it, follows no redirect and sends no stored cookie), and it was a sixth of the CPU of
