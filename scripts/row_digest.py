@@ -20,12 +20,10 @@ _ids = random.Random(20261206)
 uuid.uuid4 = lambda: uuid.UUID(int=_ids.getrandbits(128), version=4)  # before any import makes an id
 
 import argparse  # noqa: E402
-import base64  # noqa: E402
 import hashlib  # noqa: E402
 import json  # noqa: E402
 import sqlite3  # noqa: E402
 import tempfile  # noqa: E402
-import zlib  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
@@ -33,6 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 from engine_bench import history, trace_turns  # noqa: E402
 
 from contextrender import Engine  # noqa: E402
+from walkers.renderlog import PACKED_LOG, unpacked_log  # noqa: E402  (the Engine's import makes walkers/ importable)
 
 CLOCK = {"at", "created_at", "updated_at"}
 
@@ -43,10 +42,8 @@ def scrub(value: object) -> object:
         return {k: scrub(v) for (k, v) in value.items() if k not in CLOCK and not k.endswith("_ms")}
     if isinstance(value, list):
         return [scrub(v) for v in value]
-    if isinstance(value, str) and value.startswith("zlib:"):
-        # Packed whole, or in parts joined by "," (walkers/renderlog.jac `pack_parts`).
-        text = "".join(zlib.decompress(base64.b64decode(part)).decode() for part in value[5:].split(","))
-        return "log:" + json.dumps(scrub(json.loads(text)))
+    if isinstance(value, str) and value.startswith(PACKED_LOG):
+        return "log:" + json.dumps(scrub(json.loads(unpacked_log(value))))
     if isinstance(value, str) and value[:1] in "{[" and value[-1:] in "}]":
         try:
             return "json:" + json.dumps(scrub(json.loads(value)))
