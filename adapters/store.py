@@ -57,7 +57,7 @@ from jaclang.runtimelib.changeset import ChangeSet, WriteIntent  # noqa: E402
 from contextrender.by_id import links_by_id, merge_by_id  # noqa: E402
 from contextrender.merges import merge_stored_text  # noqa: E402
 from contextrender.rows import INSERT_ROW as _INSERT, anchor_row, forget_id_texts, id_text, time_rows  # noqa: E402
-from contextrender.transactions import (StoreConnection, StoredRows, aliases_loaded, file_key, idle_connection,  # noqa: E402
+from contextrender.transactions import (StoredRows, aliases_loaded, file_key, idle_connection,  # noqa: E402
                                          in_blocks, keep_idle, release, with_written, without_written, write_turn)
 
 __all__ = ["LENDER", "SharedSqliteStore", "StorePlugin", "busy_timeout", "file_key", "in_blocks", "install", "mongodb_configured",
@@ -139,9 +139,7 @@ class SharedSqliteStore(jac_memory.SqliteMemory):
         parent = os.path.dirname(self.path)
         if parent:
             os.makedirs(parent, exist_ok=True)
-        timeout = busy_timeout()
-        conn = sqlite3.connect(self.path, check_same_thread=False, timeout=timeout, factory=StoreConnection)
-        conn.busy_ms = int(timeout * 1000)  # (as SQLite takes `timeout`: whole milliseconds)
+        conn = sqlite3.connect(self.path, check_same_thread=False, timeout=busy_timeout())
         conn.execute("PRAGMA journal_mode=WAL")
         conn.execute("PRAGMA synchronous=NORMAL")
         if not _schema_is_current(conn):

@@ -44,8 +44,8 @@ import_jaclang()  # before any jaclang import of this module: without the server
 
 from jaclang.runtimelib import memory as jac_memory  # noqa: E402
 
-__all__ = ["ID_BLOCK", "MAX_IDLE", "SELECT_ROW", "WRITE_TURNS", "StoreConnection", "StoredRows", "aliases_loaded", "data_version", "file_key", "idle_connection", "in_blocks",
-           "keep_idle", "release", "with_written", "without_written", "write_turn"]
+__all__ = ["ID_BLOCK", "MAX_IDLE", "SELECT_ROW", "WRITE_TURNS", "StoredRows", "aliases_loaded", "data_version", "file_key",
+           "idle_connection", "in_blocks", "keep_idle", "release", "with_written", "without_written", "write_turn"]
 
 # Ids bound to one `IN (...)` list (within the 999 parameters a statement of an older SQLite takes).
 ID_BLOCK = 500
@@ -56,40 +56,18 @@ WRITE_TURNS = Turns()
 os.register_at_fork(after_in_child=WRITE_TURNS.forget)
 
 
-class StoreConnection(sqlite3.Connection):
-    """A store file's connection (adapters/store.py opens them): `busy_ms` is SQLite's busy
-    timeout it holds outside a write turn, in milliseconds (None when not known)."""
-
-    busy_ms: int | None = None
-
-
 @contextlib.contextmanager
 def write_turn(conn: sqlite3.Connection, path: str, timeout: float) -> Iterator[bool]:
     """The turn of the file `path` for one write transaction on `conn` (opened with the busy
     timeout `timeout`): inside, SQLite's wait for the write lock is what the turn left of
-    `timeout`; after, `timeout` again. Yields whether the turn was had.
-
-    A turn had within a millisecond (the usual one: no other writer of this process in the line)
-    leaves SQLite the connection's own timeout when that is `timeout` (a `StoreConnection` knows
-    it): SQLite counts whole milliseconds, so the whole wait is bounded as before, and the two
-    `PRAGMA busy_timeout` statements a transaction cost (60-70 us of CPU each in the store's flush,
-    docs/performance.md, seventh round) are not run."""
-    asked = time.monotonic()
+    `timeout`; after, `timeout` again. Yields whether the turn was had."""
+    deadline = time.monotonic() + timeout
     with WRITE_TURNS.turn(path, timeout) as served:
-        full = int(timeout * 1000)
-        left = max(int((asked + timeout - time.monotonic()) * 1000), 0)
-        if left >= full - 1 and getattr(conn, "busy_ms", None) == full:
-            yield served
-            return
-        if isinstance(conn, StoreConnection):
-            conn.busy_ms = None  # (until it is `full` again)
-        conn.execute(f"PRAGMA busy_timeout = {left}")
+        conn.execute(f"PRAGMA busy_timeout = {max(int((deadline - time.monotonic()) * 1000), 0)}")
         try:
             yield served
         finally:
-            conn.execute(f"PRAGMA busy_timeout = {full}")
-            if isinstance(conn, StoreConnection):
-                conn.busy_ms = full
+            conn.execute(f"PRAGMA busy_timeout = {int(timeout * 1000)}")
 
 
 def in_blocks(conn: sqlite3.Connection, sql: str, ids: list[str], params: tuple = ()) -> list:

@@ -184,50 +184,6 @@ def _statements(conn: sqlite3.Connection) -> list[str]:
     return seen
 
 
-def test_a_turn_had_at_once_sets_no_busy_timeout(tmp_path):
-    """Each write transaction set SQLite's busy timeout to what its turn left and back after (two
-    PRAGMAs a flush); a turn had at once on a connection that holds the timeout runs none, and the
-    connection's wait for another process's writer is still the timeout."""
-    conn = sqlite3.connect(tmp_path / "f.db", timeout=1.5, factory=transactions.StoreConnection)
-    conn.busy_ms = 1500
-    seen = _statements(conn)
-    with transactions.write_turn(conn, str(tmp_path / "f.db"), 1.5) as served:
-        assert served
-    assert seen == []
-    assert conn.execute("PRAGMA busy_timeout").fetchone()[0] == 1500
-
-
-def test_a_turn_waited_for_leaves_sqlite_what_is_left_then_the_timeout(tmp_path):
-    """A turn had after a wait (or on a connection whose timeout is not known to be the one asked)
-    sets SQLite's wait to what is left of the timeout, and the timeout again after."""
-    path = str(tmp_path / "f.db")
-    conn = sqlite3.connect(path, timeout=2.0, factory=transactions.StoreConnection)
-    conn.busy_ms = 2000
-    seen = _statements(conn)
-    holder_in, release = threading.Event(), threading.Event()
-
-    def hold() -> None:
-        with WRITE_TURNS.turn(path, 5):
-            holder_in.set()
-            release.wait(5)
-    holder = threading.Thread(target=hold)
-    holder.start()
-    assert holder_in.wait(5)
-    threading.Timer(0.3, release.set).start()
-    with transactions.write_turn(conn, path, 2.0) as served:
-        assert served
-        inside = conn.execute("PRAGMA busy_timeout").fetchone()[0]
-    holder.join(5)
-    assert 1500 <= inside <= 1720, inside
-    assert seen[0].startswith("PRAGMA busy_timeout = ") and seen[-1] == "PRAGMA busy_timeout = 2000"
-    assert conn.busy_ms == 2000
-    plain = sqlite3.connect(path, timeout=2.0)
-    seen = _statements(plain)
-    with transactions.write_turn(plain, path, 2.0):
-        pass
-    assert [s.split(" = ")[0] for s in seen] == ["PRAGMA busy_timeout"] * 2
-
-
 def test_stored_rows_are_read_a_block_at_a_time_and_taken_once(tmp_path, monkeypatch):
     """A flush's merged rows: read ID_BLOCK at a time in the intents' order (one statement a block),
     None for a node with no row, and a row read again after it was taken is read afresh."""
