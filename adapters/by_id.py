@@ -59,7 +59,9 @@ def merge_by_id(store: Any, conn: sqlite3.Connection, intent: WriteIntent) -> No
     as the store merges the node loaded from the row with the edges appended (what the call would
     have done loading it). A node deleted since is a lost race (`ResultGone`): the call runs again."""
     key = str(intent.anchor.id)
-    stored = store.stored_row(conn, key)
+    stored = conn.execute(
+        "SELECT type, arch_module, arch_type, fingerprint, data, format_version FROM anchors WHERE id = ?", (key,)
+    ).fetchone()
     if stored is None:
         raise ResultGone(anchor_id=intent.anchor.id, expected_version=0, actual_version=-1)
     if merge_edge_ids(conn, key, stored, intent.edges_added):

@@ -57,8 +57,8 @@ from jaclang.runtimelib.changeset import ChangeSet, WriteIntent  # noqa: E402
 from contextrender.by_id import links_by_id, merge_by_id  # noqa: E402
 from contextrender.merges import merge_stored_text  # noqa: E402
 from contextrender.rows import INSERT_ROW as _INSERT, anchor_row, forget_id_texts, id_text, time_rows  # noqa: E402
-from contextrender.transactions import (StoredRows, aliases_loaded, file_key, idle_connection,  # noqa: E402
-                                         in_blocks, keep_idle, release, with_written, without_written, write_turn)
+from contextrender.transactions import (aliases_loaded, file_key, idle_connection, in_blocks, keep_idle, release,  # noqa: E402
+                                         with_written, without_written, write_turn)
 
 __all__ = ["LENDER", "SharedSqliteStore", "StorePlugin", "busy_timeout", "file_key", "in_blocks", "install", "mongodb_configured",
            "release"]
@@ -123,9 +123,6 @@ class SharedSqliteStore(jac_memory.SqliteMemory):
     # the id's number, as that flush's transaction left it (the Engine's kept anchors take their
     # edges' order from it: adapters/working_set.py `Kept.keep`).
     edges_written: dict[int, list[str]] | None = None
-    # The rows of the stored nodes the flush merges (`stored_row`); outside a flush, none. (Not
-    # annotated: jaclang's store is a dataclass, and this is no field of it.)
-    _merging = StoredRows()
 
     def _ensure_connection(self) -> None:
         if self.__conn__ is not None:
@@ -182,20 +179,15 @@ class SharedSqliteStore(jac_memory.SqliteMemory):
         give_way = core.give_way  # the serialisation of a long call's rows gives way (engine/courtesy.jac)
         # The created rows as their insert's parameters, by id number (rows.py `id_text`: UUID hashes are slow).
         rows: dict[int, tuple] = {}
-        merged: list[str] = []  # the stored nodes it merges, their ids' texts (`stored_row`)
         for stage in changeset.staged():
             for intent in stage:
                 give_way()
-                if intent.is_delete():
-                    continue
-                if intent.is_create():
+                if intent.is_create() and not intent.is_delete():
                     try:
                         anchor = intent.anchor
                         rows[anchor.id.int] = (id_text(anchor.id), *anchor_row(anchor))
                     except Exception:  # noqa: BLE001  (jaclang reports it from inside, as before)
                         pass
-                else:
-                    merged.append(id_text(intent.anchor.id))
         # The store's own (re-entrant) lock, which jaclang's apply takes too: the rows are this flush's.
         with self.__lock__:
             self._ensure_connection()
@@ -203,13 +195,11 @@ class SharedSqliteStore(jac_memory.SqliteMemory):
             self._prepared = {key: row for (key, row) in rows.items() if key not in ahead} if ahead else rows
             self._written_ahead, own = ahead, without_written(changeset, ahead)  # (adapters/transactions.py)
             self._edge_lists = edges = {}
-            self._merging = StoredRows(merged)
             try:
                 with write_turn(self.__conn__, self.path, busy_timeout()):
                     report = with_written(super().apply(own), changeset, ahead, own)
             finally:
                 self._prepared, self._written_ahead, self._edge_lists = {}, set(), None
-                del self._merging
             self.edges_written = edges if report.applied and not report.conflicts else {}
             if ahead and (unapplied := ahead - {id.int for id in report.applied}):
                 self._take_back(unapplied)
@@ -296,11 +286,6 @@ class SharedSqliteStore(jac_memory.SqliteMemory):
                 return {}  # no JSON functions in this SQLite: none known
         return {UUID(key): root for (key, root) in found}
 
-    def stored_row(self, conn: sqlite3.Connection, key: str) -> tuple | None:
-        """The stored row of the node `key` (its id's text) as jaclang's merge selects it, in the
-        flush's write transaction (`StoredRows`: the flush's merged nodes read ID_BLOCK at a time)."""
-        return self._merging.take(conn, key)
-
     def _merge_edge_ids(self, conn: sqlite3.Connection, intent: WriteIntent) -> None:
         """Add the edges of an intent that links a stored node by id (adapters/by_id.py)."""
         merge_by_id(self, conn, intent)
@@ -318,7 +303,9 @@ class SharedSqliteStore(jac_memory.SqliteMemory):
         if links_by_id(intent):  # (never created: not among the rows above)
             self._merge_edge_ids(conn, intent)
             return
-        stored = self.stored_row(conn, key)
+        stored = conn.execute(
+            "SELECT type, arch_module, arch_type, fingerprint, data, format_version FROM anchors WHERE id = ?", (key,)
+        ).fetchone()
         if stored is None:
             row = self._prepared.get(number) if hasattr(self, "_prepared") else None
             if row is not None:

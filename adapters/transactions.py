@@ -18,8 +18,7 @@ bounded by the busy timeout, and a big flush's own transaction without the rows 
   threads filled with them). jaclang's transaction now walks only the others; the rows written
   ahead are reported applied, in jaclang's order, when that transaction committed, and taken back
   as before when it did not.
-- **Statements over many ids** (`in_blocks`): an `IN (...)` list bound ID_BLOCK ids at a time; a
-  flush's merges read their stored rows so (`StoredRows`).
+- **Statements over many ids** (`in_blocks`): an `IN (...)` list bound ID_BLOCK ids at a time.
 - **Idle connections kept** (`idle_connection`, `keep_idle`, `release`): a closed context's idle
   connection is kept, a few per file, for the next context on the same file while the file is the
   one it opened. jaclang loads the file's class aliases at each connection; a kept one loads them
@@ -29,12 +28,11 @@ bounded by the busy timeout, and a big flush's own transaction without the rows 
 from __future__ import annotations
 
 import contextlib
-import itertools
 import os
 import sqlite3
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 from contextrender.jaclang_setup import import_jaclang
@@ -44,8 +42,8 @@ import_jaclang()  # before any jaclang import of this module: without the server
 
 from jaclang.runtimelib import memory as jac_memory  # noqa: E402
 
-__all__ = ["ID_BLOCK", "MAX_IDLE", "SELECT_ROW", "WRITE_TURNS", "StoredRows", "aliases_loaded", "data_version", "file_key",
-           "idle_connection", "in_blocks", "keep_idle", "release", "with_written", "without_written", "write_turn"]
+__all__ = ["ID_BLOCK", "MAX_IDLE", "WRITE_TURNS", "aliases_loaded", "data_version", "file_key", "idle_connection", "in_blocks",
+           "keep_idle", "release", "with_written", "without_written", "write_turn"]
 
 # Ids bound to one `IN (...)` list (within the 999 parameters a statement of an older SQLite takes).
 ID_BLOCK = 500
@@ -78,37 +76,6 @@ def in_blocks(conn: sqlite3.Connection, sql: str, ids: list[str], params: tuple 
         block = ids[start:start + ID_BLOCK]
         found += conn.execute(sql.replace("(?ids)", f"({', '.join('?' * len(block))})"), (*block, *params)).fetchall()
     return found
-
-
-# A stored row as jaclang's merge reads it, by its id; and rows so, each after its id, by theirs (`in_blocks`).
-_COLUMNS = "type, arch_module, arch_type, fingerprint, data, format_version"
-SELECT_ROW = f"SELECT {_COLUMNS} FROM anchors WHERE id = ?"
-_SELECT_ROWS = f"SELECT id, {_COLUMNS} FROM anchors WHERE id IN (?ids)"
-
-
-class StoredRows:
-    """The stored rows of the nodes a flush merges (its intents that neither create nor delete,
-    `keys`: their ids' texts, in the intents' order), read in its write transaction ID_BLOCK at a
-    time in one statement, where each merge read its own (5.8 reads a proxy request, 12.8 a call
-    ingesting 10 tool rounds). Each row read is taken once (`take`): no other intent of the flush
-    writes it before its own (one intent an anchor), and a second read of it is made afresh."""
-
-    def __init__(self, keys: Iterable[str] = ()) -> None:
-        self._unread = dict.fromkeys(keys)
-        self._read: dict[str, tuple | None] = {}  # read, not yet taken (None: no row)
-
-    def take(self, conn: sqlite3.Connection, key: str) -> tuple | None:
-        """The row of `key`, as `SELECT_ROW` gives it, or None when it has none."""
-        if key in self._read:
-            return self._read.pop(key)
-        if key not in self._unread:
-            return conn.execute(SELECT_ROW, (key,)).fetchone()
-        block = [key] + [other for other in itertools.islice(self._unread, ID_BLOCK) if other != key][:ID_BLOCK - 1]
-        for other in block:
-            del self._unread[other]
-        found = {row[0]: row[1:] for row in in_blocks(conn, _SELECT_ROWS, block)}
-        self._read.update((other, found.get(other)) for other in block)
-        return self._read.pop(key)
 
 
 class _Unwritten:

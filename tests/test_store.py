@@ -81,7 +81,7 @@ def test_created_rows_are_inserted_without_a_read_each(tmp_path, monkeypatch):
 
     def traced(*args, **kwargs):
         conn = connect(*args, **kwargs)
-        conn.set_trace_callback(lambda sql: reads.append(sql) if sql.lstrip().startswith(("SELECT type, arch_module", "SELECT id, type, arch_module", "SELECT id FROM")) else None)
+        conn.set_trace_callback(lambda sql: reads.append(sql) if sql.lstrip().startswith(("SELECT type, arch_module", "SELECT id FROM")) else None)
         return conn
 
     monkeypatch.setattr(store.sqlite3, "connect", traced)
@@ -96,38 +96,6 @@ def test_created_rows_are_inserted_without_a_read_each(tmp_path, monkeypatch):
     assert 0 < len(reads) <= 6 and not [sql for sql in reads if sql.startswith("SELECT id FROM")]
     assert engine.render("s", budget=4000).messages[-1] == tool("c19", "print(19)")
     assert engine.get_session("s")["events"] == len(messages)
-
-
-def test_a_flush_reads_the_stored_nodes_it_merges_in_one_statement(tmp_path, monkeypatch):
-    """Each merge with a stored row read that row alone (the session, the chain's tail, each result
-    given a Reuses edge by id: 12.8 reads a call of 10 tool rounds); a flush now reads them all at
-    its first merge, in one statement, and the rows it writes are the same."""
-    engine = Engine(tmp_path / "store")
-    rounds = trace_prefix(turns=20)
-    engine.ingest("s", rounds[:-12])
-    reads: list[str] = []
-    connect = sqlite3.connect
-
-    def traced(*args, **kwargs):
-        conn = connect(*args, **kwargs)
-        conn.set_trace_callback(lambda sql: reads.append(sql) if " FROM anchors WHERE id" in sql else None)
-        return conn
-
-    monkeypatch.setattr(store.sqlite3, "connect", traced)
-    store.release(engine._keepalive_path)
-    merged: list[str] = []
-    monkeypatch.setattr(store.SharedSqliteStore, "stored_row",
-                        lambda self, conn, key, read=store.SharedSqliteStore.stored_row: merged.append(key) or read(self, conn, key))
-    engine.ingest("s", rounds)
-    assert len(set(merged)) >= 3, merged  # the session, the chain's tail, results reused by id
-    assert len([sql for sql in reads if "SELECT" in sql and " IN (" in sql]) == 1
-    assert not [sql for sql in reads if "WHERE id = " in sql], reads
-    monkeypatch.undo()
-    alike = Engine(tmp_path / "alike")  # the same calls, each merge reading its row alone
-    monkeypatch.setattr(store.SharedSqliteStore, "stored_row", lambda self, conn, key: conn.execute(transactions.SELECT_ROW, (key,)).fetchone())
-    alike.ingest("s", rounds[:-12])
-    alike.ingest("s", rounds)
-    assert engine.render("s", budget=4000).messages == alike.render("s", budget=4000).messages
 
 
 def test_busy_timeout_setting(monkeypatch):

@@ -176,29 +176,3 @@ def test_a_forked_child_holds_no_turn_of_its_parents_threads():
     finally:
         done.set()
         thread.join()
-
-
-def _statements(conn: sqlite3.Connection) -> list[str]:
-    seen: list[str] = []
-    conn.set_trace_callback(seen.append)
-    return seen
-
-
-def test_stored_rows_are_read_a_block_at_a_time_and_taken_once(tmp_path, monkeypatch):
-    """A flush's merged rows: read ID_BLOCK at a time in the intents' order (one statement a block),
-    None for a node with no row, and a row read again after it was taken is read afresh."""
-    monkeypatch.setattr(transactions, "ID_BLOCK", 2)
-    conn = sqlite3.connect(tmp_path / "f.db")
-    conn.execute("CREATE TABLE anchors (id TEXT PRIMARY KEY, type TEXT, arch_module TEXT, arch_type TEXT, fingerprint TEXT,"
-                 " data TEXT, format_version INTEGER)")
-    for key in "abcd":
-        conn.execute("INSERT INTO anchors VALUES (?, 'NodeAnchor', 'm', 'T', 'f', ?, 1)", (key, f"data {key}"))
-    seen = _statements(conn)
-    rows = transactions.StoredRows(["a", "b", "x", "c"])
-    assert rows.take(conn, "a")[4] == "data a" and rows.take(conn, "b")[4] == "data b"
-    assert len(seen) == 1 and seen[0].endswith("IN ('a', 'b')")
-    assert rows.take(conn, "c")[4] == "data c" and rows.take(conn, "x") is None  # the next block: c and x
-    assert len(seen) == 2 and seen[1].endswith("IN ('c', 'x')")
-    conn.execute("UPDATE anchors SET data = 'changed' WHERE id = 'a'")
-    assert rows.take(conn, "a")[4] == "changed" and rows.take(conn, "d")[4] == "data d"
-    assert [sql.split("WHERE ")[1] for sql in seen[3:]] == ["id = 'a'", "id = 'd'"]
