@@ -88,3 +88,24 @@ def test_an_ingestion_gives_each_anchor_its_own_id(tmp_path: Path) -> None:
     assert len(stored) > 200 and len({id for (id, _) in stored}) == len(stored)
     made = [id for (id, kind) in stored if kind in {"Message", "ToolCall", "ToolResult", "Next", "Calls", "Answered", "Reuses"}]
     assert len(made) > 200 and all(id.version == 4 for id in made)  # (a directory's and shelves' ids are named: version 5)
+
+
+def test_a_new_nodes_anchor_is_the_one_jaclangs_property_makes() -> None:
+    from graph import context as graph  # (Jac modules: importable once contextrender is)
+    from walkers import ingest
+
+    def message() -> object:
+        return graph.Message(position=1, turn=1, raw="{}", tokens=3, at=0.0, role="user")
+
+    (mine, theirs) = (message(), message())
+    made = ingest._node_anchor(mine)
+    assert mine.__jac__ is made and ingest._node_anchor(mine) is made  # kept on the node, as the property keeps it
+    expected = theirs.__jac__  # jaclang's NodeArchetype.__jac__
+    assert type(made) is type(expected) and made.archetype is mine and made.id != expected.id and made.id.version == 4
+    assert {k: v for (k, v) in vars(made).items() if k not in ("id", "archetype", "access")} \
+        == {k: v for (k, v) in vars(expected).items() if k not in ("id", "archetype", "access")}
+    assert type(made.access) is type(expected.access) and made.access is not expected.access
+    assert (made.access.all, made.access.roots.anchors) == (expected.access.all, expected.access.roots.anchors)
+    assert list(vars(made)) == list(vars(expected))  # the same fields in the same order
+    # A node whose anchor is already made keeps it.
+    assert ingest._node_anchor(theirs) is expected
