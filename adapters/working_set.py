@@ -58,9 +58,8 @@ class NewAnchorsUnhashed(LinkedById):
         self._loaded_since(changes)
         settled = self._settled(changes)
         intents = changes.intents
-        # One pass over the working set: its new anchors (but one deleted), and the rest for jaclang's
-        # pass but the settled ones (an id looked up only where there is something to find: a UUID's
-        # hash is a Python call).
+        # One pass: the new anchors (not deleted), and the rest but the settled ones for jaclang's pass
+        # (an id looked up only where there is something to find: a UUID's hash is a Python call).
         (fresh, others) = ([], [])
         for (key, anchor) in self.__mem__.items():
             if anchor.hash == 0 and anchor.persistent and anchor.is_populated() \
@@ -68,8 +67,7 @@ class NewAnchorsUnhashed(LinkedById):
                 fresh.append(anchor)
             elif not settled or key not in settled:
                 others.append((key, anchor))
-        # jaclang's pass reads the working set and changes nothing in it: it is handed the rest alone,
-        # in a dict of its own, and the whole one is put back after it.
+        # jaclang's pass reads the working set, changing nothing in it: it gets the rest as a dict.
         whole = self.__mem__
         if len(others) != len(whole):
             self.__mem__ = dict(others)
