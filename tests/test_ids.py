@@ -1,5 +1,5 @@
-"""The ids of the anchors ingestion makes (adapters/ids.py `new_id`): version-4 UUIDs as `uuid4`
-makes them, never one twice (across blocks, threads and a fork), jaclang's own factory asked when it
+"""The ids of the anchors ingestion makes (adapters/ids.py `new_id`): version-7 UUIDs (RFC 9562) in
+time order, never one twice (across blocks, threads and a fork), jaclang's own factory asked when it
 is not the standard `uuid4`, and every anchor of an ingestion with an id of its own."""
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ import sqlite3
 import subprocess
 import sys
 import threading
+import time
 import uuid
 from pathlib import Path
 
@@ -19,14 +20,38 @@ from contextrender import Engine, ids
 REPO = Path(__file__).resolve().parent.parent
 
 
-def test_new_ids_are_version_4_uuids_as_uuid4_makes_them() -> None:
+def test_new_ids_are_version_7_uuids_of_their_time() -> None:
+    before = time.time_ns() // 1_000_000
     made = [ids.new_id() for _ in range(3 * ids.BLOCK + 5)]
+    after = time.time_ns() // 1_000_000
     for id in made:
-        assert type(id) is uuid.UUID and id.version == 4 and id.variant == uuid.RFC_4122
+        assert type(id) is uuid.UUID and id.version == 7 and id.variant == uuid.RFC_4122
+        assert before <= id.int >> 80 <= after
         assert id.is_safe is uuid.SafeUUID.unknown
         again = uuid.UUID(str(id))
         assert again == id and hash(again) == hash(id) and again.bytes == id.bytes
     assert len({id.int for id in made}) == len(made)
+    # Made a millisecond apart or more, they sort in the order made (their index entries: at its end).
+    time.sleep(0.002)
+    later = ids.new_id()
+    assert all(str(id) < str(later) for id in made)
+
+
+def test_the_random_part_has_74_bits_of_the_draw() -> None:
+    drawn = bytes(range(10)) * ids.BLOCK
+    part = int.from_bytes(drawn[:10])
+    ids._parts.clear()
+    try:
+        os_urandom = ids.os.urandom
+        ids.os.urandom = lambda n: drawn[:n]
+        ids._draw()
+    finally:
+        ids.os.urandom = os_urandom
+    made = ids._parts.pop()
+    ids._parts.clear()
+    assert made & ((1 << 62) - 1) == part & ((1 << 62) - 1)  # the draw's low 62 bits
+    assert (made >> 64) & 0xFFF == (part >> 62) & 0xFFF  # and its next 12
+    assert made >> 76 == 7 and (made >> 62) & 0b11 == 0b10  # the version's and the variant's bits
 
 
 def test_threads_never_share_an_id() -> None:
@@ -87,7 +112,7 @@ def test_an_ingestion_gives_each_anchor_its_own_id(tmp_path: Path) -> None:
                 stored += [(uuid.UUID(id), kind) for (id, kind) in conn.execute("SELECT id, arch_type FROM anchors")]
     assert len(stored) > 200 and len({id for (id, _) in stored}) == len(stored)
     made = [id for (id, kind) in stored if kind in {"Message", "ToolCall", "ToolResult", "Next", "Calls", "Answered", "Reuses"}]
-    assert len(made) > 200 and all(id.version == 4 for id in made)  # (a directory's and shelves' ids are named: version 5)
+    assert len(made) > 200 and all(id.version == 7 for id in made)  # (a directory's and shelves' ids are named: version 5)
 
 
 def test_a_new_nodes_anchor_is_the_one_jaclangs_property_makes() -> None:
@@ -101,7 +126,7 @@ def test_a_new_nodes_anchor_is_the_one_jaclangs_property_makes() -> None:
     made = ingest._node_anchor(mine)
     assert mine.__jac__ is made and ingest._node_anchor(mine) is made  # kept on the node, as the property keeps it
     expected = theirs.__jac__  # jaclang's NodeArchetype.__jac__
-    assert type(made) is type(expected) and made.archetype is mine and made.id != expected.id and made.id.version == 4
+    assert type(made) is type(expected) and made.archetype is mine and made.id != expected.id and made.id.version == 7
     assert {k: v for (k, v) in vars(made).items() if k not in ("id", "archetype", "access")} \
         == {k: v for (k, v) in vars(expected).items() if k not in ("id", "archetype", "access")}
     assert type(made.access) is type(expected.access) and made.access is not expected.access
