@@ -29,7 +29,7 @@ from contextrender.jaclang_setup import import_jaclang
 
 import_jaclang()  # before any jaclang import of this module: without the server's plugins
 
-from jaclang.jac0core.archetype import Access, EdgeAnchor, NodeAnchor, Permission, Root  # noqa: E402
+from jaclang.jac0core.archetype import Access, AccessLevel, EdgeAnchor, NodeAnchor, Permission, Root  # noqa: E402
 from jaclang.runtimelib import memory as jac_memory  # noqa: E402
 from jaclang.runtimelib.serializer import Serializer  # noqa: E402
 
@@ -49,6 +49,7 @@ _METHODS = (types.FunctionType, staticmethod, classmethod)
 _classes: dict[type, frozenset | None] = {}
 # (archetype class, the instance's own attribute names) -> the names jaclang's walk visits, in order.
 _names: dict[tuple, tuple[str, ...]] = {}
+_UNSEEN = object()
 
 
 # UUID -> its text: a row names each id about three times (an edge's own row, its ends' edge lists)
@@ -193,13 +194,22 @@ def value_text(value: Any) -> str:
 
 
 def _access_text(access: Any) -> str:
-    """The access's JSON text, as jaclang's serialiser writes it."""
+    """The access's JSON text, as jaclang's serialiser writes it. With no roots granted it is one
+    of the level's fixed texts (the level's number read as `_value_`: an enum's `value` is a Python
+    property)."""
     if type(access) is Permission and type(access.roots) is Access:
         anchors = access.roots.anchors
         if not anchors:
-            return '{"all": ' + value_text(access.all.value) + ', "roots": {"anchors": {}}}'
+            level = access.all
+            if type(level) is AccessLevel:
+                return _NO_ROOTS[level._value_]
+            return '{"all": ' + value_text(level.value) + ', "roots": {"anchors": {}}}'
         return json.dumps({"all": access.all.value, "roots": {"anchors": {_text(k): v.value for (k, v) in anchors.items()}}})
     return json.dumps(Serializer._serialize_value(access, True))
+
+
+# An access level's number -> the access's text when no root is granted anything.
+_NO_ROOTS = {level.value: '{"all": ' + value_text(level.value) + ', "roots": {"anchors": {}}}' for level in AccessLevel}
 
 
 def _text(id: Any) -> str:
@@ -220,17 +230,40 @@ def _id_json(id: Any) -> str:
     return text
 
 
-# (anchor class, archetype class) -> the row text's fixed beginning and its archetype's.
-_heads: dict[tuple[type, type], tuple[str, str]] = {}
+# Archetype class -> the row text's fixed beginning for a node's anchor, its archetype's beginning,
+# and the row's columns of the class (`_row_heads`); the same for an edge's.
+_node_heads: dict[type, tuple[str, str, str, str]] = {}
+_edge_heads: dict[type, tuple[str, str, str, str]] = {}
+# (archetype class, the instance's own attribute names) -> each field's name and its key's text in
+# the row (`, "name": `), in jaclang's order (`_fields`).
+_keyed: dict[tuple, tuple[tuple[str, str], ...]] = {}
 
 
-def _row_heads(kind: type, cls: type) -> tuple[str, str]:
-    heads = _heads.get((kind, cls))
-    if heads is None:
-        heads = _heads[(kind, cls)] = (
+def _row_heads(kind: type, cls: type) -> tuple[str, str, str, str]:
+    heads = _node_heads if kind is NodeAnchor else _edge_heads
+    found = heads.get(cls)
+    if found is None:
+        found = heads[cls] = (
             '{"__type__": ' + _string_text(kind.__name__) + ', "__module__": ' + _string_text(kind.__module__) + ', "id": ',
-            '{"__type__": ' + _string_text(cls.__name__) + ', "__module__": ' + _string_text(cls.__module__))
-    return heads
+            '{"__type__": ' + _string_text(cls.__name__) + ', "__module__": ' + _string_text(cls.__module__),
+            cls.__module__, cls.__name__)
+    return found
+
+
+def _fields(arch: Any, known: frozenset) -> tuple[tuple[str, str], ...]:
+    """`_attr_names(arch, known)`, each name with its key's text in the row."""
+    key = (type(arch), tuple(arch.__dict__))
+    fields = _keyed.get(key)
+    if fields is None:
+        fields = _keyed[key] = tuple([(name, ", " + _string_text(name) + ": ") for name in _attr_names(arch, known)])
+    return fields
+
+
+def _field_text(value: Any) -> str:
+    """`value_text(serialised_value(value))`, a `str` (most fields) written first."""
+    if type(value) is str:
+        return _string_text(value)
+    return value_text(serialised_value(value))
 
 
 def anchor_row(anchor: Any) -> tuple:
@@ -240,27 +273,28 @@ def anchor_row(anchor: Any) -> tuple:
     kind = type(anchor)
     arch = anchor.__dict__.get("archetype")
     cls = type(arch)
-    known = _class_names(cls) if (kind is NodeAnchor or kind is EdgeAnchor) and arch is not None else None
-    if known is None or not anchor.is_populated() or isinstance(arch, Root):
+    known = _classes.get(cls, _UNSEEN)
+    if known is _UNSEEN:
+        known = _class_names(cls)
+    if known is None or arch is None or not (kind is NodeAnchor or kind is EdgeAnchor) or not anchor.is_populated() \
+            or isinstance(arch, Root):
         return jac_memory._anchor_to_row(anchor)
-    (head, arch_head) = _row_heads(kind, cls)
-    parts = [head, _id_json(anchor.id), ', "root": ', _id_json(anchor.root) if anchor.root else "null",
-             ', "persistent": ', value_text(anchor.persistent), ', "access": ', _access_text(anchor.access),
-             ', "archetype": ', arch_head]
-    for name in _attr_names(arch, known):
-        value = getattr(arch, name)
-        if not callable(value):
-            parts += (", ", _string_text(name), ": ", value_text(serialised_value(value)))
+    (head, arch_head, module, name) = _row_heads(kind, cls)
+    root = anchor.root
+    fields = "".join([key + _field_text(value) for (field, key) in _fields(arch, known)
+                      if not callable(value := getattr(arch, field))])
     attic = getattr(arch, "__jac_attic__", None)
     if isinstance(attic, dict) and attic:
-        parts += (', "__jac_attic__": ', json.dumps(Serializer._serialize_value(attic, True)))
+        fields += ', "__jac_attic__": ' + json.dumps(Serializer._serialize_value(attic, True))
+    start = (f'{head}{_id_json(anchor.id)}, "root": {_id_json(root) if root else "null"}, "persistent": '
+             f'{value_text(anchor.persistent)}, "access": {_access_text(anchor.access)}, "archetype": {arch_head}{fields}}}')
     if kind is NodeAnchor:
-        parts += ('}, "edges": [', ", ".join([_id_json(edge.id) for edge in anchor.edges]), '], "version": ',
-                  value_text(anchor.version), "}")
+        data = (f'{start}, "edges": [{", ".join([_id_json(edge.id) for edge in anchor.edges])}], "version": '
+                f'{value_text(anchor.version)}}}')
     else:
         (source, target) = (anchor.source, anchor.target)
-        parts += ('}, "source": ', _id_json(source.id) if source else "null", ', "target": ',
-                  _id_json(target.id) if target else "null", ', "is_undirected": ', value_text(anchor.is_undirected), "}")
+        data = (f'{start}, "source": {_id_json(source.id) if source else "null"}, "target": '
+                f'{_id_json(target.id) if target else "null"}, "is_undirected": {value_text(anchor.is_undirected)}}}')
     fingerprint = getattr(cls, "__jac_fingerprint__", None)
-    return (kind.__name__, cls.__module__, cls.__name__, fingerprint if isinstance(fingerprint, str) and fingerprint else None,
-            "".join(parts), jac_memory.SQLITE_DB_FORMAT_VERSION, row_time())
+    return (kind.__name__, module, name, fingerprint if isinstance(fingerprint, str) and fingerprint else None,
+            data, jac_memory.SQLITE_DB_FORMAT_VERSION, row_time())

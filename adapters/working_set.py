@@ -57,20 +57,24 @@ class NewAnchorsUnhashed(LinkedById):
 
         self._loaded_since(changes)
         settled = self._settled(changes)
-        working = list(self.__mem__.items())
-        fresh = [anchor for (_, anchor) in working
-                 if anchor.hash == 0 and anchor.persistent and anchor.is_populated()
-                 and not ((intent := changes.intents.get(anchor.id)) is not None and intent.is_delete())]
-        left_out = settled | {anchor.id for anchor in fresh}
-        if left_out:
-            self.__mem__.clear()
-            self.__mem__.update((key, anchor) for (key, anchor) in working if key not in left_out)
+        intents = changes.intents
+        # One pass: the new anchors (not deleted), and the rest but the settled ones for jaclang's pass
+        # (an id looked up only where there is something to find: a UUID's hash is a Python call).
+        (fresh, others) = ([], [])
+        for (key, anchor) in self.__mem__.items():
+            if anchor.hash == 0 and anchor.persistent and anchor.is_populated() \
+                    and not (intents and (intent := intents.get(key)) is not None and intent.is_delete()):
+                fresh.append(anchor)
+            elif not settled or key not in settled:
+                others.append((key, anchor))
+        # jaclang's pass reads the working set, changing nothing in it: it gets the rest as a dict.
+        whole = self.__mem__
+        if len(others) != len(whole):
+            self.__mem__ = dict(others)
         try:
             super()._collect_into(changes)
         finally:
-            if left_out:
-                self.__mem__.clear()
-                self.__mem__.update(working)
+            self.__mem__ = whole
         from contextrender import core
 
         give_way = core.give_way
