@@ -9,7 +9,8 @@ changes about as many of the index's pages, each written whole to SQLite's WAL.
 `new_id` makes version-7 UUIDs (RFC 9562): the time in milliseconds in the first 48 bits, then 74
 random bits from `os.urandom` (with the version's and the variant's bits), drawn for BLOCK ids at a
 time, each UUID set up as `UUID.__init__` leaves one (its number, `is_safe` unknown): under a
-microsecond, and the ids a call makes sort together, after the ones made before, so the store's
+microsecond, and the ids a call makes sort together by the millisecond (in no order within one),
+after the ones made before while the clock does not step back, so the store's
 inserts go to the end of its index. The ids stay unique across a server's forked workers (a child
 forgets the random parts its parent drew: `os.register_at_fork`) and restarts (each process draws
 its own) by their 74 random bits, as a `uuid4`'s 122 keep them; and across threads (a block's parts
@@ -47,7 +48,9 @@ _RANDOM_B = (1 << 62) - 1
 # jaclang's factory of an anchor's id.
 _FACTORY = Anchor.__dataclass_fields__["id"].default_factory
 # Whether it is the standard library's uuid4 (else `new_id` asks it).
-_STANDARD = getattr(_FACTORY, "__module__", None) == uuid.__name__ and getattr(_FACTORY, "__qualname__", None) == "uuid4"
+# (by its code's file: a wrapper made with `functools.wraps(uuid.uuid4)` copies its names, not its code).
+_STANDARD = (getattr(getattr(_FACTORY, "__code__", None), "co_filename", None) == uuid.__file__
+             and getattr(_FACTORY, "__name__", None) == "uuid4")
 
 # The random parts (the version's and variant's bits set) of the block not handed out yet.
 _parts: list[int] = []

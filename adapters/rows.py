@@ -272,12 +272,13 @@ def anchor_row(anchor: Any) -> tuple:
     the anchor, made directly: its keys in jaclang's order, each value's text by `value_text`."""
     kind = type(anchor)
     arch = anchor.__dict__.get("archetype")
+    if arch is None or not (kind is NodeAnchor or kind is EdgeAnchor):
+        return jac_memory._anchor_to_row(anchor)
     cls = type(arch)
     known = _classes.get(cls, _UNSEEN)
     if known is _UNSEEN:
         known = _class_names(cls)
-    if known is None or arch is None or not (kind is NodeAnchor or kind is EdgeAnchor) or not anchor.is_populated() \
-            or isinstance(arch, Root):
+    if known is None or not anchor.is_populated() or isinstance(arch, Root):
         return jac_memory._anchor_to_row(anchor)
     (head, arch_head, module, name) = _row_heads(kind, cls)
     root = anchor.root

@@ -67,7 +67,7 @@ class NewAnchorsUnhashed(LinkedById):
                 fresh.append(anchor)
             elif not settled or key not in settled:
                 others.append((key, anchor))
-        # jaclang's pass reads the working set, changing nothing in it: it gets the rest as a dict.
+        # jaclang's pass gets the rest as a dict of its own (what it loads meanwhile is dropped, as before).
         whole = self.__mem__
         if len(others) != len(whole):
             self.__mem__ = dict(others)
