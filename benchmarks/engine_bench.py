@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -190,14 +191,42 @@ def run_row(row: str, pairs: list[tuple[dict, dict]], store: Path) -> str:
             f"{sum(map(len, sessions))} messages), {how}: {rate:.2f} MB/s ({cpu_rate:.2f} MB/s of CPU time)")
 
 
+# An ingestion row's line: its name, then its MB/s by the clock and of CPU time.
+CPU_RATE = re.compile(r"^(?P<row>.+): [\d.]+ MB/s \((?P<cpu>[\d.]+) MB/s of CPU time\)")
+
+
+def paired_lines(rates: dict[str, list[tuple[float, float]]], other: str) -> list[str]:
+    """Each ingestion row's MB/s of CPU time over the rounds, (this checkout's, `other`'s) a round:
+    the two medians and their ratio, the median of the rounds' own ratios (a round runs both one
+    after the other, so a slow minute of the machine weighs on both) and the rounds this checkout
+    was the faster in."""
+    lines = [f"medians over the rounds, MB/s of CPU time, this checkout against {other}:"]
+    for (row, pairs) in rates.items():
+        (mine, theirs) = (statistics.median([a for (a, _) in pairs]), statistics.median([b for (_, b) in pairs]))
+        paired = statistics.median([a / b for (a, b) in pairs])
+        lines.append(f"  {row}: {mine:.2f} against {theirs:.2f}, x{mine / theirs:.2f}, paired x{paired:.2f}, "
+                     f"faster in {sum(a > b for (a, b) in pairs)} of {len(pairs)}")
+    return lines
+
+
 def alternate(args: argparse.Namespace) -> None:
-    """This checkout's rows and `args.checkout`'s, in turn, `args.alternate` times each."""
+    """This checkout's rows and `args.checkout`'s, in turn, `args.alternate` times each; then the
+    ingestion rows' medians and paired ratios (`paired_lines`)."""
     own = without(sys.argv[1:], "--checkout", "--alternate")
+    rates: dict[str, list[tuple[float, float]]] = {}
     for round_ in range(args.alternate):
+        found: dict[str, dict[str, float]] = {}
         for (name, folder) in in_turn(round_, ("this checkout", REPO), (str(args.checkout), args.checkout)):
             load = " ".join(f"{x:.1f}" for x in os.getloadavg())
             for line in run_in(folder, __file__, own).splitlines():
                 print(f"round {round_ + 1}, {name} (load {load}): {line}", flush=True)
+                if (rate := CPU_RATE.match(line)) is not None:
+                    found.setdefault(rate["row"], {})[name] = float(rate["cpu"])
+        for (row, by) in found.items():
+            if len(by) == 2:
+                rates.setdefault(row, []).append((by["this checkout"], by[str(args.checkout)]))
+    if rates:
+        print("\n".join(paired_lines(rates, str(args.checkout))), flush=True)
 
 
 def main() -> None:
