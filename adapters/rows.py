@@ -102,9 +102,10 @@ def _class_names(cls: type) -> frozenset | None:
     """The public names of `cls` (its MRO's) that are not methods, or None when its instances are
     left to jaclang's serialiser. A `__getattr__` is left to it too, but a Root's, which answers
     only `shared` (a name `dir()` does not give, so never one the serialiser asks for)."""
-    if cls in _classes:
-        return _classes[cls]
-    found: frozenset | None = None
+    found = _classes.get(cls, _UNSEEN)
+    if found is not _UNSEEN:
+        return found
+    found = None
     if not hasattr(cls, "__jac_schema__") and getattr(cls, "__getattr__", Root.__getattr__) is Root.__getattr__ \
             and cls.__dir__ is object.__dir__ \
             and type(cls).__dir__ is type.__dir__ and cls.__getattribute__ is object.__getattribute__:
@@ -203,13 +204,18 @@ def _access_text(access: Any) -> str:
             level = access.all
             if type(level) is AccessLevel:
                 return _NO_ROOTS[level._value_]
-            return '{"all": ' + value_text(level.value) + ', "roots": {"anchors": {}}}'
+            return _no_roots_text(level.value)
         return json.dumps({"all": access.all.value, "roots": {"anchors": {_text(k): v.value for (k, v) in anchors.items()}}})
     return json.dumps(Serializer._serialize_value(access, True))
 
 
-# An access level's number -> the access's text when no root is granted anything.
-_NO_ROOTS = {level.value: '{"all": ' + value_text(level.value) + ', "roots": {"anchors": {}}}' for level in AccessLevel}
+def _no_roots_text(level: Any) -> str:
+    """The access's text at the level numbered `level` when no root is granted anything."""
+    return '{"all": ' + value_text(level) + ', "roots": {"anchors": {}}}'
+
+
+# An access level's number -> its `_no_roots_text`.
+_NO_ROOTS = {level.value: _no_roots_text(level.value) for level in AccessLevel}
 
 
 def _text(id: Any) -> str:
@@ -275,9 +281,7 @@ def anchor_row(anchor: Any) -> tuple:
     if arch is None or not (kind is NodeAnchor or kind is EdgeAnchor):
         return jac_memory._anchor_to_row(anchor)
     cls = type(arch)
-    known = _classes.get(cls, _UNSEEN)
-    if known is _UNSEEN:
-        known = _class_names(cls)
+    known = _class_names(cls)
     if known is None or not anchor.is_populated() or isinstance(arch, Root):
         return jac_memory._anchor_to_row(anchor)
     (head, arch_head, module, name) = _row_heads(kind, cls)
