@@ -178,17 +178,21 @@ def test_a_call_whose_client_left_is_not_run_and_a_running_one_sees_it():
 
 
 def long_run(rounds: int, tag: str = "") -> list[dict]:
-    """A long agent run: `rounds` tool calls with their results (about 270 bytes a round)."""
+    """A long agent run: `rounds` tool calls with their results (about 270 bytes a round). Each
+    `tag` gives other ids, so the server's caches of counts and embeddings know none of its texts."""
     messages = [user(f"start {tag}")]
     for i in range(rounds):
-        messages.append(assistant(None, call(f"c{i}", "get", {"order": f"ORD_{i}"})))
-        messages.append(tool(f"c{i}", f"order ORD_{i} status shipped, item {i * 7}, value {i * 13}"))
+        messages.append(assistant(None, call(f"c{i}", "get", {"order": f"ORD_{tag}{i}"})))
+        messages.append(tool(f"c{i}", f"order ORD_{tag}{i} status shipped, item {i * 7}, value {i * 13}"))
     return messages
 
 
-def left_line(server, since: int, timeout: float = 120.0) -> str:
-    """The server's log line (written after offset `since`) about a client that left, once it is there."""
+def left_line(server, since: int, finished=lambda: False, timeout: float = 120.0) -> str:
+    """The server's log line (written after offset `since`) about a client that left, once it is
+    there; "answered before the client left" when `finished()` says the call ended and no such line
+    came (the answer was sent before the connection closed, so the server saw no client leave)."""
     deadline = time.monotonic() + timeout
+    ended_at = None
     while time.monotonic() < deadline:
         with open(server.log, "rb") as log:
             log.seek(since)
@@ -196,6 +200,10 @@ def left_line(server, since: int, timeout: float = 120.0) -> str:
                      or "closed the connection before" in line]
         if found:
             return found[0]
+        if ended_at is None and finished():
+            ended_at = time.monotonic()
+        if ended_at is not None and time.monotonic() - ended_at > 2.0:
+            return "answered before the client left"
         time.sleep(0.05)
     raise AssertionError("the server never logged the client that left")
 
@@ -243,7 +251,7 @@ def test_a_new_session_is_answered_while_a_long_first_ingestion_runs(jac_server,
 
 def test_a_call_whose_client_left_stops_and_the_next_call_of_its_session_is_served(jac_server, carol):
     # A new session: its call is known to be running once the session is listed; the client leaves.
-    sock, request = raw_post(jac_server, carol.token, "ingest_events", {"session_id": "left-new", "messages": long_run(3000)})
+    sock, request = raw_post(jac_server, carol.token, "ingest_events", {"session_id": "left-new", "messages": long_run(3000, "new_")})
     sock.sendall(request)
     deadline = time.monotonic() + 120
     while "left-new" not in sessions_of(carol):
@@ -255,24 +263,28 @@ def test_a_call_whose_client_left_stops_and_the_next_call_of_its_session_is_serv
     carol.ingest("left-new", [user("only this")])
     assert carol.get_session("left-new", include_messages=True)["messages"] == [user("only this")]
     # A session with acknowledged events: a long call whose client leaves adds nothing, takes
-    # nothing away, and the next call is served.
-    carol.ingest("left-kept", [user("first"), assistant("acknowledged")])
-    # The client leaves while the call runs (counting and embedding 6,000 events take seconds): the
-    # server's log says which way each try went, and a try that left too early is made again later.
+    # nothing away, and the next call is served. When the client leaves depends on the machine's
+    # speed: leaving too early stops the call before it ran, too late lets it finish. So the client
+    # leaves ever later, each try on a session of its own with texts no cache knows, until a try
+    # stops at a safe point (after counting and embedding began, before anything was written).
     paths = []
-    for wait in (0.2, 0.5, 1.0, 2.0):
+    for attempt, wait in enumerate((0.05, 0.1, 0.2, 0.35, 0.5, 0.8, 1.2, 2.0)):
+        kept = f"left-kept-{attempt}"
+        carol.ingest(kept, [user("first"), assistant("acknowledged")])
         since = jac_server.log.stat().st_size
         sock, request = raw_post(jac_server, carol.token, "ingest_events",
-                                 {"session_id": "left-kept", "messages": long_run(3000, "again")[1:], "append": True})
+                                 {"session_id": kept, "messages": long_run(3000, f"t{attempt}_")[1:], "append": True})
         sock.sendall(request)
         time.sleep(wait)
         sock.close()
-        paths.append(left_line(jac_server, since))
+        paths.append(left_line(jac_server, since, finished=lambda: carol.get_session(kept)["events"] > 2))
         if "left before its answer; the call stopped at a safe point" in paths[-1]:
             break
+        assert "passed its last safe point" not in paths[-1] and "answered before" not in paths[-1], (
+            f"a try that left after {wait} s was already too late: {paths}")
     assert "left before its answer; the call stopped at a safe point" in paths[-1], paths
-    carol.ingest("left-kept", [user("next")], append=True)
-    stored = carol.get_session("left-kept", include_messages=True)["messages"]
+    carol.ingest(kept, [user("next")], append=True)
+    stored = carol.get_session(kept, include_messages=True)["messages"]
     assert stored == [user("first"), assistant("acknowledged"), user("next")]
 
 
