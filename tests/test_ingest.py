@@ -98,6 +98,24 @@ def test_the_fork_test_does_not_compare_the_resent_history_again(engine, monkeyp
     assert (again.added, again.forked_at) == (1, -1) and sum(compared) == len(messages) - 1 - 4
 
 
+def test_the_index_copies_a_calls_messages_in_one_pass_before_placing_them(engine, monkeypatch):
+    """The copies the index keeps are made side by side, before the call's nodes: every later
+    call compares its resent history with them (split_messages), out of the processor's caches.
+    An in-place change of the caller's dicts after the call still changes nothing stored."""
+    import walkers.ingest as ingest_module
+
+    order: list = []
+    (as_stored, link) = (ingest_module.as_stored, ingest_module._link)
+    monkeypatch.setattr(ingest_module, "as_stored", lambda message: order.append("copy") or as_stored(message))
+    monkeypatch.setattr(ingest_module, "_link", lambda *arguments: order.append("link") or link(*arguments))
+    messages = run(5)
+    engine.ingest("s", messages)
+    copies = order.count("copy")
+    assert copies == len(messages) - 1 and order[:copies] == ["copy"] * copies
+    messages[3]["content"] = "changed in place"
+    assert engine.ingest("s", messages).forked_at == 2
+
+
 def test_at_past_the_chain_is_refused(engine):
     engine.ingest("s", run(1))
     with pytest.raises(InvalidRequest, match="at=9"):
