@@ -13,11 +13,10 @@ scale-out processes. Writes through the view keep the rule in one place, its tri
 written whole (jaclang's merge, a merge on the row's text, a quarantine's edge strip) takes its
 edge list back into the row and its `edge_lists` row goes; a deleted node's goes with it.
 
-A merge that changes only a stored node's edge list writes its `edge_lists` row (`write_edge_list`),
-the node's row left as it is: a merge by id (adapters/by_id.py: edges added to a stored node the
-call never loaded) and a merge on the row's text with no field and no access changed (the chain's
-tail given its `Next` edge: adapters/merges.py). Both tables are written in the flush's one
-transaction: a process killed mid-write leaves the last committed state.
+A merge by id (adapters/by_id.py: edges added to a stored node the call never loaded) writes the
+node's `edge_lists` row (`write_edge_list`), the node's row left as it is; every other merge writes
+the row whole, its edge list in it. Both tables are written in the flush's one transaction: a
+process killed mid-write leaves the last committed state.
 
 A store is given this form when the store first opens it (`give_form`: one transaction, its rows
 not rewritten: a table renamed, a table, a view and its triggers created); `has_form` tells, read

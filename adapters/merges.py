@@ -178,12 +178,13 @@ def merge_stored_text(conn: sqlite3.Connection, key: str, stored: tuple, intent:
     stored values are kept as stored, only the edge list, the version, the access and the dirty
     fields are replaced, each as jaclang would serialise it. So a node's large contents (a
     result's text, a session's system prompt and render log) are not deserialised, serialised
-    and hashed again when the node gets an edge or a counter changes; when only its edge list
-    changed, the row is not written at all (the list is stored apart: adapters/edge_lists.py). Only for a node stored
-    in the current format of its current class (the same fields, so the stored row is what
-    jaclang would write for it); False for anything else, which jaclang merges. `edge_lists`, when
-    given, gets the node's stored edge list after the merge (none when its row was deleted), by its
-    id's number."""
+    and hashed again when the node gets an edge or a counter changes. The row is written whole,
+    its edge list in it (a list stored apart goes: adapters/edge_lists.py; an edge-only change
+    stored apart here too was measured dearer in the proxy: docs/performance.md). Only for a
+    node stored in the current format of its current class (the same fields, so the stored row
+    is what jaclang would write for it); False for anything else, which jaclang merges.
+    `edge_lists`, when given, gets the node's stored edge list after the merge (none when its
+    row was deleted), by its id's number."""
     anchor = intent.anchor
     arch = anchor.archetype
     if intent.is_create() or not isinstance(anchor, NodeAnchor) or arch is None or isinstance(arch, Root):
@@ -196,7 +197,7 @@ def merge_stored_text(conn: sqlite3.Connection, key: str, stored: tuple, intent:
     fields = get_field_types(cls)
     data = dict(seen.data)  # (the parse is remembered as it is: the merge changes a copy)
     stored_arch = data["archetype"] = dict(data["archetype"])
-    (changed, edges_changed) = (False, False)  # (the row's other values; its edge list and version)
+    changed = False
     own_ids = [e.id for e in anchor.edges]
     edges = [str(e) for e in own_ids]
     if data["edges"] != edges:
@@ -224,7 +225,7 @@ def merge_stored_text(conn: sqlite3.Connection, key: str, stored: tuple, intent:
             conn.execute("DELETE FROM anchors WHERE id = ?", (key,))
             _remember(key, None)
             return True
-        edges_changed = True
+        changed = True
     if not _same_access(data.get("access"), anchor.access):
         data["access"] = Serializer._serialize_value(anchor.access, include_type=True)
         changed = True
@@ -233,11 +234,7 @@ def merge_stored_text(conn: sqlite3.Connection, key: str, stored: tuple, intent:
         stored_arch[name] = serialised_value(getattr(arch, name))
     if intent.fields:
         changed = True  # as jaclang: a flagged field is written, even to the same value
-    if edges_changed and not changed:
-        # Only the edge list changed (the chain's tail given its `Next` edge): stored apart, the
-        # row left as it is (adapters/edge_lists.py).
-        write_edge_list(conn, key, _id_list(data["edges"]), data["version"])
-    elif changed:
+    if changed:
         text = json.dumps(data)
         conn.execute(INSERT_ROW, (key, "NodeAnchor", arch_module, arch_type, fingerprint, text,
                                jac_memory.SQLITE_DB_FORMAT_VERSION, row_time()))

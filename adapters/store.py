@@ -27,8 +27,7 @@ in-process Engine, adapters/local.py, both answer it with `SharedSqliteStore`):
   class aliases are loaded again only when another connection wrote the file (adapters/transactions.py).
 - **No write to open the store**: the schema is created (or a legacy store migrated) only when not
   current (jaclang wrote its schema row at every connection: a write each read call waited for).
-- **A node's edge list apart from its row** where only its edges changed (a merge by id, the chain's
-  tail given its `Next` edge: adapters/edge_lists.py):
+- **A node's edge list apart from its row** where a merge by id gave it edges (adapters/edge_lists.py):
   `anchors` is a view over the rows and the edge lists, which every reader reads alike; a store
   written before is given that form when first opened, its rows unchanged.
 
