@@ -7,10 +7,11 @@ result's edge-list change is jaclang's own intent (an `EDGE_LIST_DELTA` on the s
 edges' ids and its dependencies on their creates), so jaclang's flush orders it, poisons it with a
 failed edge and reports it as any other. Three places take it:
 
-- **the store** (`merge_by_id`, from `SharedSqliteStore._merge_write`): the edges merged into the
-  stored row on its text (adapters/merges.py `merge_edge_ids`, jaclang's merge of the node a load
-  would have given, the new edges appended, byte for byte), or, for a row in an earlier format, by
-  jaclang's merge of the node loaded from the row with them appended;
+- **the store** (`merge_by_id`, from `SharedSqliteStore._merge_write`): the merged edge list and
+  version stored apart from the node's row, which stays as it is (adapters/merges.py
+  `merge_edge_ids`, jaclang's merge of the node a load would have given, the new edges appended;
+  adapters/edge_lists.py), or, for a row in an earlier format, by jaclang's merge of the node
+  loaded from the row with them appended;
 - **the working set** (`LinkedById`): a node linked by id that the call loaded afterwards is given
   its edges as a link would have given them, and a stub is never re-baselined after the flush
   (touching it would load it);
@@ -32,6 +33,7 @@ from jaclang.runtimelib.changeset import ApplyReport, ChangeSet, WriteIntent, Wr
 from jaclang.runtimelib.exceptions import WriteConflict  # noqa: E402
 from jaclang.runtimelib.serializer import Serializer  # noqa: E402
 
+from contextrender.edge_lists import STORED_NODE  # noqa: E402
 from contextrender.merges import merge_edge_ids  # noqa: E402
 
 __all__ = ["LinkedById", "ResultGone", "links_by_id", "merge_by_id"]
@@ -59,14 +61,16 @@ def merge_by_id(store: Any, conn: sqlite3.Connection, intent: WriteIntent) -> No
     as the store merges the node loaded from the row with the edges appended (what the call would
     have done loading it). A node deleted since is a lost race (`ResultGone`): the call runs again."""
     key = str(intent.anchor.id)
-    stored = conn.execute(
-        "SELECT type, arch_module, arch_type, fingerprint, data, format_version FROM anchors WHERE id = ?", (key,)
-    ).fetchone()
-    if stored is None:
+    found = conn.execute(STORED_NODE, (key,)).fetchone()
+    if found is None:
         raise ResultGone(anchor_id=intent.anchor.id, expected_version=0, actual_version=-1)
-    if merge_edge_ids(conn, key, stored, intent.edges_added):
+    (stored, apart) = (found[:6], found[6:] if found[6] is not None else None)
+    if merge_edge_ids(conn, key, stored, intent.edges_added, apart):
         return
-    loaded = Serializer.deserialize(json.loads(stored[4]))
+    data = json.loads(stored[4])
+    if apart is not None:  # (the node as the store's view reads it: adapters/edge_lists.py)
+        (data["edges"], data["version"]) = (json.loads(apart[0]), apart[1])
+    loaded = Serializer.deserialize(data)
     if not isinstance(loaded, NodeAnchor) or not loaded.is_populated():
         raise ValueError(f"stored node {key} cannot be read to add its edges")
     for id in intent.edges_added:

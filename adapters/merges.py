@@ -6,11 +6,10 @@ adapters/store.py, calls them inside its flush's transaction):
   render log); here the change is made on the row's JSON (tests/test_store.py compares it with
   jaclang's).
 - **Edges added to a stored node by its id** (`merge_edge_ids`, adapters/by_id.py), the node never
-  loaded.
+  loaded: its merged edge list stored apart from its row (adapters/edge_lists.py).
 
 A row the store read or wrote before (the session, the render epoch, a result reused at every call)
-is taken from its remembered parse when its stored text is the same (`_seen`), and a merge by id
-writes anew only the row's text from its edge list on. The memo is the process's: the threads of a
+is taken from its remembered parse when its stored text is the same (`_seen`). The memo is the process's: the threads of a
 server writing different store files share it, so it is changed under a lock (its size is exact).
 """
 
@@ -34,20 +33,19 @@ from jaclang.runtimelib.exceptions import WriteConflict  # noqa: E402
 from jaclang.runtimelib.serializer import Serializer  # noqa: E402
 from jaclang.runtimelib.typecache import get_field_types  # noqa: E402
 
-from contextrender.rows import INSERT_ROW, id_text, row_time, serialised_value, value_text  # noqa: E402
+from contextrender.edge_lists import write_edge_list  # noqa: E402
+from contextrender.rows import INSERT_ROW, id_text, row_time, serialised_value  # noqa: E402
 
 __all__ = ["merge_edge_ids", "merge_stored_text"]
 
 class _Seen(NamedTuple):
     """A node row the store read or wrote in its current format: its text, that text parsed (never
     changed: a merge changes a copy), and, once a merge by id needed them, its edge ids as
-    integers and the text before its edge list (None when the text is not `json.dumps` of the
-    parse with the edges and the version last: then the row is dumped whole)."""
+    integers."""
 
     text: str
     data: dict
     ints: list[int] | None = None
-    head: str | None = None
 
 
 # Row id -> the node row last read or written in its current format (`_Seen`). A merge whose stored
@@ -100,39 +98,29 @@ def _current_node(key: str, stored: tuple, cls: type | None) -> _Seen | None:
     return seen
 
 
-def _tail(edges: list[str], version: int) -> str:
-    """The end of a node row's text from its edge list on, as `json.dumps` writes it."""
-    return '"edges": ' + json.dumps(edges) + ', "version": ' + json.dumps(version) + "}"
-
-
-def _id_tail(edges: list[str], version: int) -> str:
-    """`_tail` for edge ids as `str(UUID)` writes them (hex digits and dashes: no escapes), without
-    `json.dumps` (a Python call, its encoder made anew, for each list)."""
-    return ('"edges": ["' + '", "'.join(edges) + '"], "version": ' if edges else '"edges": [], "version": ') + value_text(version) + "}"
-
-
-def _head(seen: _Seen) -> str | None:
-    """The text of `seen`'s row before its edge list, when its text is `json.dumps` of its parse
-    with the edge list and the version last (so a new edge list and version can follow it)."""
-    if list(seen.data)[-2:] != ["edges", "version"] or json.dumps(seen.data) != seen.text:
-        return None
-    return seen.text[:len(seen.text) - len(_tail(seen.data["edges"], seen.data["version"]))]
+def _id_list(edges: list[str]) -> str:
+    """The JSON text of a list of edge ids as `str(UUID)` writes them (hex digits and dashes: no
+    escapes), without `json.dumps` (a Python call, its encoder made anew, for each list)."""
+    return '["' + '", "'.join(edges) + '"]' if edges else "[]"
 
 
 # Edge ids as str(UUID) writes them, each followed by a comma.
 _CANONICAL_IDS = re.compile(r"(?:[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12},)*")
 
 
-def merge_edge_ids(conn: sqlite3.Connection, key: str, stored: tuple, added_ids: list[UUID]) -> bool:
-    """The row jaclang's merge writes for a stored node that a call gave new edges (`added_ids`, in
-    the order it linked them) without changing anything else, made from the stored row alone: the
-    call never loaded the node. A load would have given it the stored edges, in their order, and
-    the stored ids as the baseline of its edge delta (`NodeAnchor.edge_delta`); the call appended
-    the new edges. The same sets are built here from the same ids in the same order (a set's order
-    follows how it was built), so the merged list is the one jaclang's merge (and
-    `merge_stored_text`) writes, and the version is advanced as it advances it. Only for a row in
-    the current format of its class (`_current_node`); False for any other, which the store
-    merges as jaclang would the node loaded from it."""
+def merge_edge_ids(conn: sqlite3.Connection, key: str, stored: tuple, added_ids: list[UUID],
+                   apart: tuple[str, int] | None = None) -> bool:
+    """The edge list and version jaclang's merge writes for a stored node that a call gave new edges
+    (`added_ids`, in the order it linked them) without changing anything else, made from the
+    stored row alone (the call never loaded the node) and stored apart from the row, which stays as
+    it is (adapters/edge_lists.py). `apart`: the node's edge list (its JSON text) and version
+    already stored apart, None when its row holds them. A load would have given the node the
+    stored edges, in their order, and the stored ids as the baseline of its edge delta
+    (`NodeAnchor.edge_delta`); the call appended the new edges. The same sets are built here from
+    the same ids in the same order (a set's order follows how it was built), so the merged list
+    is the one jaclang's merge (and `merge_stored_text`) writes, and the version is advanced as it
+    advances it. Only for a row in the current format of its class (`_current_node`); False for
+    any other, which the store merges as jaclang would the node loaded from it."""
     (arch_module, arch_type) = stored[1:3]
     cls = Serializer._get_class(arch_module, arch_type) if arch_module and arch_type else None
     seen = _current_node(key, stored, cls)
@@ -140,10 +128,14 @@ def merge_edge_ids(conn: sqlite3.Connection, key: str, stored: tuple, added_ids:
         return False
     # The ids as the integers of their UUIDs (a UUID hashes as its integer and equals by it, so the
     # same sets are laid out alike and iterate in the same order), read without making a UUID.
-    texts = seen.data["edges"]
-    stored_ids = seen.ints
+    if apart is None:
+        (texts, version, stored_ids) = (seen.data["edges"], seen.data["version"], seen.ints)
+    else:
+        (texts, version, stored_ids) = (json.loads(apart[0]), apart[1], None)
     if stored_ids is None and _CANONICAL_IDS.fullmatch(",".join(texts) + ("," if texts else "")):
         stored_ids = [int(e.replace("-", ""), 16) for e in texts]
+        if apart is None:
+            _remember(key, seen._replace(ints=stored_ids))
     elif stored_ids is None:  # (not in jaclang's rows: each id as str(UUID) writes it)
         stored_ids = [UUID(e).int for e in texts]
         texts = [str(UUID(int=e)) for e in stored_ids]
@@ -162,16 +154,9 @@ def merge_edge_ids(conn: sqlite3.Connection, key: str, stored: tuple, added_ids:
         current = set(stored_ids + new)
         (added, removed) = (set(current - initial), set(initial - current))
     merged = list((stored_set | added) - removed)
-    data = dict(seen.data)
-    data["edges"] = [text_of[e] for e in merged]
     if added or removed:
-        data["version"] += 1
-    # The row's text up to its edge list is the stored one: only what follows is written anew.
-    head = seen.head if seen.head is not None or seen.ints is not None else _head(seen)
-    text = head + _id_tail(data["edges"], data["version"]) if head is not None else json.dumps(data)
-    conn.execute(INSERT_ROW, (key, "NodeAnchor", arch_module, arch_type, stored[3], text,
-                              jac_memory.SQLITE_DB_FORMAT_VERSION, row_time()))
-    _remember(key, _Seen(text, data, merged, head))
+        version += 1
+    write_edge_list(conn, key, _id_list([text_of[e] for e in merged]), version)
     return True
 
 
@@ -193,11 +178,13 @@ def merge_stored_text(conn: sqlite3.Connection, key: str, stored: tuple, intent:
     stored values are kept as stored, only the edge list, the version, the access and the dirty
     fields are replaced, each as jaclang would serialise it. So a node's large contents (a
     result's text, a session's system prompt and render log) are not deserialised, serialised
-    and hashed again when the node gets an edge or a counter changes. Only for a node stored
-    in the current format of its current class (the same fields, so the stored row is what
-    jaclang would write for it); False for anything else, which jaclang merges. `edge_lists`, when
-    given, gets the node's stored edge list after the merge (none when its row was deleted), by its
-    id's number."""
+    and hashed again when the node gets an edge or a counter changes. The row is written whole,
+    its edge list in it (a list stored apart goes: adapters/edge_lists.py; an edge-only change
+    stored apart here too was measured dearer in the proxy: docs/performance.md). Only for a
+    node stored in the current format of its current class (the same fields, so the stored row
+    is what jaclang would write for it); False for anything else, which jaclang merges.
+    `edge_lists`, when given, gets the node's stored edge list after the merge (none when its
+    row was deleted), by its id's number."""
     anchor = intent.anchor
     arch = anchor.archetype
     if intent.is_create() or not isinstance(anchor, NodeAnchor) or arch is None or isinstance(arch, Root):

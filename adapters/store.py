@@ -27,8 +27,11 @@ in-process Engine, adapters/local.py, both answer it with `SharedSqliteStore`):
   class aliases are loaded again only when another connection wrote the file (adapters/transactions.py).
 - **No write to open the store**: the schema is created (or a legacy store migrated) only when not
   current (jaclang wrote its schema row at every connection: a write each read call waited for).
+- **A node's edge list apart from its row** where a merge by id gave it edges (adapters/edge_lists.py):
+  `anchors` is a view over the rows and the edge lists, which every reader reads alike; a store
+  written before is given that form when first opened, its rows unchanged.
 
-Everything else (reads, quarantine, the stored format) is jaclang's: stores written before read and
+Everything else (reads, quarantine, the rows' format) is jaclang's: stores written before read and
 write as they did. With MongoDB (MONGODB_URI, jac-scale) the hook answers nothing: jac-scale's backend.
 """
 
@@ -55,6 +58,7 @@ from jaclang.runtimelib import memory as jac_memory  # noqa: E402
 from jaclang.runtimelib.changeset import ChangeSet, WriteIntent  # noqa: E402
 
 from contextrender.by_id import links_by_id, merge_by_id  # noqa: E402
+from contextrender.edge_lists import ROWS, give_form, has_form  # noqa: E402
 from contextrender.merges import merge_stored_text  # noqa: E402
 from contextrender.rows import INSERT_ROW as _INSERT, anchor_row, forget_id_texts, id_text, time_rows  # noqa: E402
 from contextrender.transactions import (aliases_loaded, file_key, idle_connection, in_blocks, keep_idle, release,  # noqa: E402
@@ -64,11 +68,12 @@ __all__ = ["LENDER", "SharedSqliteStore", "StorePlugin", "busy_timeout", "file_k
            "release"]
 
 DEFAULT_BUSY_TIMEOUT = 120.0
-# jaclang's insert of a new row, only where no row with its id is stored (a create's first branch).
-_INSERT_NEW = _INSERT.replace("INSERT OR REPLACE", "INSERT OR IGNORE")
+# jaclang's insert of a new row, only where no row with its id is stored (a create's first branch):
+# into the rows' table itself (adapters/edge_lists.py: a new node has no edge list apart).
+_INSERT_NEW = _INSERT.replace("INSERT OR REPLACE INTO anchors", f"INSERT OR IGNORE INTO {ROWS}")
 # A flush creating more rows than this writes them ahead in transactions of this many.
 WRITE_AHEAD_BATCH = 2000
-_TABLES = ("anchors", "anchors_quarantine", "schema_meta", "aliases")
+_TABLES = (ROWS, "anchors_quarantine", "schema_meta", "aliases")
 @contextlib.contextmanager
 def collector_held() -> Iterator[None]:
     """No full collection of Python's cyclic collector inside (engine/courtesy.jac counts the holds)."""
@@ -87,9 +92,10 @@ def busy_timeout() -> float:
 
 
 def _schema_is_current(conn: sqlite3.Connection) -> bool:
-    """jaclang's tables are all there and its schema version is the one it writes (read only)."""
+    """jaclang's tables are all there, its schema version is the one it writes and the edge lists
+    are apart (adapters/edge_lists.py) (read only)."""
     names = {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-    if not set(_TABLES) <= names or not jac_memory._is_new_schema(conn):
+    if not set(_TABLES) <= names or not has_form(conn) or not jac_memory._is_new_schema(conn):
         return False
     row = conn.execute("SELECT value FROM schema_meta WHERE key = 'db_format_version'").fetchone()
     return row is not None and row[0] == str(jac_memory.SQLITE_DB_FORMAT_VERSION)
@@ -145,6 +151,8 @@ class SharedSqliteStore(jac_memory.SqliteMemory):
                 jac_memory._migrate_legacy_pickle_db(conn)
             else:
                 jac_memory._create_new_schema(conn)
+            if not has_form(conn):
+                give_form(conn)  # (a store written before: its rows are left as they are)
         self.taken_version = aliases_loaded(conn, None)
         self.__conn__ = conn
         self._opened = file_key(self.path)

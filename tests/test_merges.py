@@ -1,6 +1,6 @@
 """Stored rows merged on their text (adapters/merges.py): a row the store wrote is merged again
-from its remembered parse, into the row a merge from a parse writes; a row in another layout is
-dumped whole; the memo of parsed rows keeps its size exact when threads change it at once."""
+from its remembered parse; a merge by id stores the merged edge list apart and leaves the row as
+it is, in any layout; the memo of parsed rows keeps its size exact when threads change it at once."""
 
 from __future__ import annotations
 
@@ -9,64 +9,84 @@ import sqlite3
 import threading
 import uuid
 
-from contextrender import merges, rows
+from contextrender import edge_lists, merges, rows
 
 from graph import context as graph  # noqa: E402  (a Jac module: importable once contextrender is)
 from jaclang.jac0core.runtime import JacRuntime  # noqa: E402
+from jaclang.runtimelib import memory as jac_memory  # noqa: E402
+
+_READ = "SELECT type, arch_module, arch_type, fingerprint, data, format_version FROM anchors"
 
 
 def _stored_result(conn: sqlite3.Connection, edges: int) -> tuple[str, tuple]:
-    """A ToolResult with `edges` edges, stored as the store stores it; its key and stored columns."""
+    """A ToolResult with `edges` edges, stored as the store stores it (its edge lists apart:
+    adapters/edge_lists.py); its key and the state `_merged` takes (its row, no edge list apart)."""
     result = graph.ToolResult(position=1, turn=1, raw='{"role": "tool", "content": "üñ \\"x\\""}', tokens=9, handle="r1")
     for _ in range(edges):
         JacRuntime.build_edge(is_undirected=False, conn_type=graph.Reuses(values=["v"], weight=0.5), conn_assign=None)(
             graph.Message(position=2, turn=1, raw="{}", tokens=1).__jac__, result.__jac__)
-    conn.execute("CREATE TABLE anchors (id TEXT PRIMARY KEY, type TEXT NOT NULL, arch_module TEXT, arch_type TEXT, "
-                 "fingerprint TEXT, data TEXT NOT NULL, format_version INTEGER NOT NULL DEFAULT 1, updated_at TEXT)")
+    jac_memory._create_new_schema(conn)
+    edge_lists.give_form(conn)
     key = str(result.__jac__.id)
     conn.execute(rows.INSERT_ROW, (key,) + rows.anchor_row(result.__jac__))
-    return (key, conn.execute("SELECT type, arch_module, arch_type, fingerprint, data, format_version FROM anchors").fetchone())
+    return (key, (conn.execute(_READ).fetchone(), None))
 
 
-def _merged(conn: sqlite3.Connection, key: str, stored: tuple, added: list, *, parsed: bool) -> tuple:
-    """The row `merge_edge_ids` writes over `stored` (put back first), from its remembered parse
-    or (`parsed`) from a parse of its text; the stored columns after it."""
-    conn.execute(rows.INSERT_ROW, (key,) + stored + (None,))
+def _merged(conn: sqlite3.Connection, key: str, state: tuple, added: list, *, parsed: bool) -> tuple:
+    """The merge by id of `added` into the node in `state` (its row and its edge list apart, put
+    back first), from its row's remembered parse or (`parsed`) from a parse of its text: the
+    state after it."""
+    (row, apart) = state
+    conn.execute(rows.INSERT_ROW, (key,) + row + (None,))
+    if apart is not None:
+        edge_lists.write_edge_list(conn, key, *apart)
     if parsed:
         merges._seen.clear()
-    assert merges.merge_edge_ids(conn, key, stored, added)
-    return conn.execute("SELECT type, arch_module, arch_type, fingerprint, data, format_version FROM anchors").fetchone()
+    found = conn.execute(edge_lists.STORED_NODE, (key,)).fetchone()
+    assert merges.merge_edge_ids(conn, key, found[:6], added, found[6:] if found[6] is not None else None)
+    assert conn.execute(f"SELECT data FROM {edge_lists.ROWS}").fetchone()[0] == row[4], "the row is left as it is"
+    return (row, conn.execute("SELECT edges, version FROM edge_lists WHERE node = ?", (key,)).fetchone())
+
+
+def _read(conn: sqlite3.Connection) -> dict:
+    """The stored node as every reader reads it (the view `anchors`), parsed."""
+    return json.loads(conn.execute(_READ).fetchone()[4])
 
 
 def test_a_row_the_store_wrote_is_merged_again_without_parsing_it(monkeypatch):
-    """A result reused again and again is merged by id at each call: the row the last merge wrote
-    is taken as it was parsed then (no `json.loads`), only its text after the edge list written
-    anew, and each row is the one a merge from a parse of the stored text writes."""
+    """A result reused again and again is merged by id at each call: its row is taken as it was
+    parsed before (no `json.loads` of it: only the edge list stored apart is read), the row is
+    left as it is, and each edge list is the one a merge from a parse of the row writes."""
     conn = sqlite3.connect(":memory:")
-    (key, stored) = _stored_result(conn, 3)
+    (key, state) = _stored_result(conn, 3)
+    row_text = state[0][4]
     loads = []
     real_loads = json.loads
     monkeypatch.setattr(merges.json, "loads", lambda text, *a, **k: loads.append(text) or real_loads(text, *a, **k))
-    stored = _merged(conn, key, stored, [uuid.uuid4()], parsed=True)
+    state = _merged(conn, key, state, [uuid.uuid4()], parsed=True)
     for round_ in range(5):
         added = [uuid.uuid4() for _ in range(round_ % 3 + 1)]
+        version = _read(conn)["version"]
         loads.clear()
-        merged = _merged(conn, key, stored, added, parsed=False)
-        assert loads == []
-        assert merged == _merged(conn, key, stored, added, parsed=True)
-        assert json.loads(merged[4])["version"] == json.loads(stored[4])["version"] + 1
-        stored = merged
+        merged = _merged(conn, key, state, added, parsed=False)
+        assert row_text not in loads
+        assert merged == _merged(conn, key, state, added, parsed=True)
+        assert _read(conn)["version"] == version + 1
+        state = merged
 
 
-def test_a_row_written_in_another_layout_is_dumped_whole():
+def test_a_row_written_in_another_layout_is_left_as_it_is():
     """A stored row whose text is not `json.dumps` of its parse (written with other separators) is
-    merged from the parse and dumped whole, as before this memo."""
+    left as it is too: the merged edge list is stored apart, and read with the row's other values."""
     conn = sqlite3.connect(":memory:")
-    (key, stored) = _stored_result(conn, 2)
-    spaced = json.dumps(json.loads(stored[4]), indent=1)
-    merged = _merged(conn, key, stored[:4] + (spaced,) + stored[5:], [uuid.uuid4()], parsed=True)
+    (key, (row, _)) = _stored_result(conn, 2)
+    spaced = json.dumps(json.loads(row[4]), indent=1)
+    added = uuid.uuid4()
+    _merged(conn, key, (row[:4] + (spaced,) + row[5:], None), [added], parsed=True)
     data = json.loads(spaced)
-    assert merged[4] == json.dumps(json.loads(merged[4])) and set(json.loads(merged[4])["edges"]) > set(data["edges"])
+    read = _read(conn)
+    assert set(read["edges"]) == set(data["edges"]) | {str(added)} and read["version"] == data["version"] + 1
+    assert {k: v for (k, v) in read.items() if k not in ("edges", "version")} == {k: v for (k, v) in data.items() if k not in ("edges", "version")}
 
 
 def test_the_memo_of_parsed_rows_keeps_its_size_exact_across_threads(monkeypatch):
@@ -107,7 +127,7 @@ def test_a_merge_of_changed_fields_leaves_jaclangs_serialiser_out(monkeypatch):
     from jaclang.runtimelib.serializer import Serializer
 
     conn = sqlite3.connect(":memory:")
-    (key, stored) = _stored_result(conn, 2)
+    (key, (stored, _)) = _stored_result(conn, 2)
     result = graph.ToolResult(position=1, turn=1, raw="{}", tokens=9, handle="r1").__jac__
     data = json.loads(stored[4])
     result.id = uuid.UUID(key)
@@ -165,27 +185,28 @@ def _merged_as_before(stored_text: str, added: list) -> str:
     return json.dumps(data)
 
 
-def test_a_merge_by_id_of_one_new_edge_is_the_row_it_wrote_before_and_dumps_nothing(monkeypatch):
+def test_a_merge_by_id_of_one_new_edge_is_the_node_it_wrote_before_and_dumps_nothing(monkeypatch):
     """The usual merge by id (one new edge, the row remembered) takes the one-edge delta without the
-    edge sets and writes the edge list's text without `json.dumps`; every row, for one edge, several,
-    one already stored and none stored, is byte for byte the row the general path writes."""
+    edge sets and writes the edge list's text without `json.dumps`; every node, for one edge, several,
+    one already stored and none stored, reads as the row the general path wrote whole before the
+    edge lists were apart (the same values, edge ids in the same order, the same version)."""
     conn = sqlite3.connect(":memory:")
-    (key, stored) = _stored_result(conn, 0)
-    stored = _merged(conn, key, stored, [uuid.uuid4()], parsed=True)  # remembered from here on
+    (key, state) = _stored_result(conn, 0)
+    state = _merged(conn, key, state, [uuid.uuid4()], parsed=True)  # remembered from here on
     dumps = []
     real_dumps = json.dumps
     monkeypatch.setattr(merges.json, "dumps", lambda value, *a, **k: dumps.append(value) or real_dumps(value, *a, **k))
     for round_ in range(40):
-        before = stored[4]
+        before = json.dumps(_read(conn))
         stored_ids = [uuid.UUID(e) for e in json.loads(before)["edges"]]
         added = [[uuid.uuid4()], [uuid.uuid4(), uuid.uuid4()], [stored_ids[0]], [stored_ids[-1], uuid.uuid4()]][round_ % 4]
         dumps.clear()
-        merged = _merged(conn, key, stored, added, parsed=False)
+        merged = _merged(conn, key, state, added, parsed=False)
         if round_ % 4 == 0:
             assert dumps == []  # the one-edge path: no json.dumps
-        assert merged[4] == _merged_as_before(before, added)
-        assert merged == _merged(conn, key, stored, added, parsed=True)
-        stored = merged
-    # The edge list's text is json.dumps's, for no edge too, and the version's (a bool as json writes it).
-    for (texts, version) in [([], 3), ([str(uuid.uuid4())], 0), ([str(uuid.uuid4()) for _ in range(5)], True)]:
-        assert merges._id_tail(texts, version) == merges._tail(texts, version)
+        assert _read(conn) == json.loads(_merged_as_before(before, added))
+        assert merged == _merged(conn, key, state, added, parsed=True)
+        state = merged
+    # The edge list's text is json.dumps's, for no edge too.
+    for texts in ([], [str(uuid.uuid4())], [str(uuid.uuid4()) for _ in range(5)]):
+        assert merges._id_list(texts) == json.dumps(texts)
