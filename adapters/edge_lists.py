@@ -11,7 +11,9 @@ same graph: jaclang's own `SqliteMemory` (`jac db fsck`, `jac dot`, which open t
 ContextRender's store), the store's own SQL (`edge_targets`), earlier versions of ContextRender,
 scale-out processes. Writes through the view keep the rule in one place, its triggers: a row
 written whole (jaclang's merge, a merge on the row's text, a quarantine's edge strip) takes its
-edge list back into the row and its `edge_lists` row goes; a deleted node's goes with it.
+edge list back into the row and its `edge_lists` row goes (only when the row was written: an
+`INSERT OR IGNORE` that a stored row turned away keeps it, as `changes()` inside the trigger
+tells); a deleted node's goes with it.
 
 A merge by id (adapters/by_id.py: edges added to a stored node the call never loaded) writes the
 node's `edge_lists` row (`write_edge_list`), the node's row left as it is; every other merge writes
@@ -46,7 +48,7 @@ _FORM = (
     """CREATE TRIGGER anchors_insert INSTEAD OF INSERT ON anchors BEGIN
   INSERT INTO anchor_rows (id, type, arch_module, arch_type, fingerprint, data, format_version, updated_at)
     VALUES (NEW.id, NEW.type, NEW.arch_module, NEW.arch_type, NEW.fingerprint, NEW.data, NEW.format_version, NEW.updated_at);
-  DELETE FROM edge_lists WHERE node = NEW.id AND (SELECT data FROM anchor_rows WHERE id = NEW.id) IS NEW.data;
+  DELETE FROM edge_lists WHERE node = NEW.id AND changes() > 0;
 END""",
     """CREATE TRIGGER anchors_update INSTEAD OF UPDATE ON anchors BEGIN
   UPDATE anchor_rows SET id = NEW.id, type = NEW.type, arch_module = NEW.arch_module, arch_type = NEW.arch_type,

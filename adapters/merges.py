@@ -74,10 +74,16 @@ def _remember(key: str, seen: _Seen | None) -> None:
         _seen_chars[0] += len(seen.text)
 
 
+def _no_number(word: str) -> float:
+    raise ValueError(f"{word} is no JSON number")
+
+
 def _current_node(key: str, stored: tuple, cls: type | None) -> _Seen | None:
     """The stored node row, parsed, when it is stored in the current format of `cls` (its class
     now: the same module and name, fingerprint and fields, so the stored row is what jaclang would
-    write for it), else None."""
+    write for it) and holds no float that is no number (`json.dumps` writes NaN or Infinity, which
+    SQLite's JSON functions refuse: the store's view could not read such a row with its edge list
+    apart, adapters/edge_lists.py), else None."""
     (_, arch_module, arch_type, fingerprint, text, format_version) = stored
     if cls is None or (arch_module, arch_type) != (cls.__module__, cls.__name__) or format_version != jac_memory.SQLITE_DB_FORMAT_VERSION \
             or not fingerprint or fingerprint != getattr(cls, "__jac_fingerprint__", None) or stored[0] != "NodeAnchor":
@@ -86,7 +92,7 @@ def _current_node(key: str, stored: tuple, cls: type | None) -> _Seen | None:
     if seen is not None and seen.text == text:
         return seen
     try:
-        data = json.loads(text)
+        data = json.loads(text, parse_constant=_no_number)
     except ValueError:
         return None
     stored_arch = data.get("archetype") if isinstance(data, dict) else None
@@ -235,10 +241,13 @@ def merge_stored_text(conn: sqlite3.Connection, key: str, stored: tuple, intent:
     if intent.fields:
         changed = True  # as jaclang: a flagged field is written, even to the same value
     if changed:
-        text = json.dumps(data)
+        try:  # (a float that is no number: written as jaclang writes it, not remembered: `_current_node`)
+            (text, seen) = (json.dumps(data, allow_nan=False), True)
+        except ValueError:
+            (text, seen) = (json.dumps(data), False)
         conn.execute(INSERT_ROW, (key, "NodeAnchor", arch_module, arch_type, fingerprint, text,
                                jac_memory.SQLITE_DB_FORMAT_VERSION, row_time()))
-        _remember(key, _Seen(text, data))
+        _remember(key, _Seen(text, data) if seen else None)
     if edge_lists is not None:
         edge_lists[anchor.id.int] = data["edges"]
     return True

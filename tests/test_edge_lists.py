@@ -11,7 +11,7 @@ import uuid
 
 from conftest import trace_prefix
 
-from contextrender import Engine, edge_lists
+from contextrender import Engine, edge_lists, merges
 
 from jaclang.runtimelib.changeset import ChangeSet  # noqa: E402
 from jaclang.runtimelib.memory import SqliteMemory  # noqa: E402
@@ -129,4 +129,47 @@ def test_a_store_written_before_is_given_the_form_and_reads_and_writes_as_before
         engine.ingest("s", messages[:end])
     assert len(engine.get_session("s", include_messages=True)["messages"]) == len(messages)
     assert _apart(path)
+    engine.close()
+
+
+def test_an_insert_the_stored_row_turns_away_keeps_the_edge_list_apart(tmp_path):
+    """Through the view, `INSERT OR IGNORE` of a node's own row text (an earlier version's insert of
+    a row it created) changes nothing: its edge list apart stays. `INSERT OR REPLACE` writes the
+    row whole, and the edge list apart goes (the row holds the list it was read with)."""
+    engine = _ingested(tmp_path)
+    path = _store(tmp_path)
+    key = _apart(path)[0]
+    with sqlite3.connect(path) as conn:
+        columns = "id, type, arch_module, arch_type, fingerprint, data, format_version, updated_at"
+        row = conn.execute(f"SELECT {columns} FROM anchor_rows WHERE id = ?", (key,)).fetchone()
+        read = conn.execute("SELECT data FROM anchors WHERE id = ?", (key,)).fetchone()
+        conn.execute(f"INSERT OR IGNORE INTO anchors ({columns}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)", row)
+        assert key in _apart_in(conn) and conn.execute("SELECT data FROM anchors WHERE id = ?", (key,)).fetchone() == read
+        conn.execute(f"INSERT OR REPLACE INTO anchors ({columns}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)", row[:5] + read + row[6:])
+        assert key not in _apart_in(conn) and json.loads(conn.execute("SELECT data FROM anchors WHERE id = ?", (key,)).fetchone()[0]) == json.loads(read[0])
+    engine.close()
+
+
+def _apart_in(conn: sqlite3.Connection) -> list[str]:
+    return [node for (node,) in conn.execute("SELECT node FROM edge_lists")]
+
+
+def test_a_node_holding_a_float_that_is_no_number_is_merged_whole(tmp_path):
+    """SQLite's JSON functions refuse NaN and Infinity (which `json.dumps` writes): a node whose row
+    holds one never gets its edge list apart, where the view could not read it; a merge by id
+    writes its row whole, as jaclang does, and it reads back."""
+    engine = _ingested(tmp_path)
+    path = _store(tmp_path)
+    with sqlite3.connect(path) as conn:
+        (key, text) = conn.execute("SELECT r.id, r.data FROM anchor_rows AS r LEFT JOIN edge_lists AS e ON e.node = r.id"
+                                   " WHERE r.arch_type = 'ToolResult' AND e.node IS NULL").fetchone()
+        data = json.loads(text)
+        floats = [name for (name, value) in data["archetype"].items() if isinstance(value, float)]
+        assert floats, "a result has a float field"
+        data["archetype"][floats[0]] = float("nan")
+        conn.execute("UPDATE anchor_rows SET data = ? WHERE id = ?", (json.dumps(data), key))
+        stored = conn.execute(edge_lists.STORED_NODE, (key,)).fetchone()
+        assert not merges.merge_edge_ids(conn, key, stored[:6], [uuid.uuid4()], None)
+        assert key not in _apart_in(conn)
+        conn.execute("SELECT data FROM anchors").fetchall()  # every row reads through the view
     engine.close()
