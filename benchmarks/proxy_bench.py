@@ -100,7 +100,9 @@ class Responses(Chat):
 PROTOCOLS = {"chat": Chat, "anthropic": Anthropic, "responses": Responses}
 
 
-def wait_up(url: str, process: subprocess.Popen, timeout: float = 90) -> None:
+def wait_up(url: str, process: subprocess.Popen, log: Path | None = None, timeout: float = 90) -> None:
+    """Waits until `url` answers; if `process` exits first, stops with its output (`log`, the file
+    it writes to, or the pipe it was given)."""
     deadline = time.monotonic() + timeout
     while True:
         try:
@@ -108,7 +110,8 @@ def wait_up(url: str, process: subprocess.Popen, timeout: float = 90) -> None:
             return
         except httpx.TransportError:
             if process.poll() is not None:
-                raise SystemExit(f"{process.args} exited: {process.stdout.read().decode() if process.stdout else ''}")
+                output = log.read_text(errors="replace") if log else process.stdout.read().decode() if process.stdout else ""
+                raise SystemExit(f"{process.args} exited: {output}")
             if time.monotonic() > deadline:
                 raise SystemExit(f"{url} did not come up")
             time.sleep(0.2)
@@ -133,18 +136,23 @@ def measure(args: argparse.Namespace, checkout: Path, pairs: list, messages: lis
     proxy_url = f"http://127.0.0.1:{proxy_port}"
     store = tempfile.mkdtemp(prefix="proxy-bench-")
     env = dict(os.environ, CONTEXTRENDER_STORE=store)
-    upstream = subprocess.Popen(
-        [sys.executable, "-m", "contextrender.testing.fake_upstream", "--port", str(upstream_port), "--tool", "bash"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-    )
-    proxy = subprocess.Popen(
-        [program(checkout), "-m", "contextrender.cli", "proxy",
-         "--upstream", f"{upstream_url}/v1", "--budget", str(args.budget), "--port", str(proxy_port), "--selector", args.selector],
-        env=env, cwd=checkout, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-    )
+    # Their logs go to files in the store's folder: a pipe nobody reads fills after a few hundred
+    # requests' log lines and the proxy then blocks writing one.
+    upstream_log, proxy_log = Path(store) / "upstream.log", Path(store) / "proxy.log"
+    with upstream_log.open("wb") as out:
+        upstream = subprocess.Popen(
+            [sys.executable, "-m", "contextrender.testing.fake_upstream", "--port", str(upstream_port), "--tool", "bash"],
+            stdout=out, stderr=subprocess.STDOUT,
+        )
+    with proxy_log.open("wb") as out:
+        proxy = subprocess.Popen(
+            [program(checkout), "-m", "contextrender.cli", "proxy",
+             "--upstream", f"{upstream_url}/v1", "--budget", str(args.budget), "--port", str(proxy_port), "--selector", args.selector],
+            env=env, cwd=checkout, stdout=out, stderr=subprocess.STDOUT,
+        )
     try:
-        wait_up(f"{upstream_url}/v1/models", upstream)
-        wait_up(f"{proxy_url}/v1/models", proxy)
+        wait_up(f"{upstream_url}/v1/models", upstream, upstream_log)
+        wait_up(f"{proxy_url}/v1/models", proxy, proxy_log)
         conversation = PROTOCOLS[args.protocol](messages)
         with httpx.Client(timeout=120) as client:
             start = time.perf_counter()

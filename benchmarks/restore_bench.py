@@ -54,13 +54,15 @@ def main() -> None:
     proxy_url = f"http://127.0.0.1:{proxy_port}"
     store = tempfile.mkdtemp(prefix="restore-bench-")
     with FakeUpstream() as upstream:
-        proxy = subprocess.Popen(
-            [sys.executable, "-m", "contextrender.cli", "proxy", "--upstream", upstream.base_url,
-             "--budget", str(args.budget), "--port", str(proxy_port)],
-            env=dict(os.environ, CONTEXTRENDER_STORE=store), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        )
+        proxy_log = Path(store) / "proxy.log"  # a file: a pipe nobody reads fills and blocks the proxy
+        with proxy_log.open("wb") as out:
+            proxy = subprocess.Popen(
+                [sys.executable, "-m", "contextrender.cli", "proxy", "--upstream", upstream.base_url,
+                 "--budget", str(args.budget), "--port", str(proxy_port)],
+                env=dict(os.environ, CONTEXTRENDER_STORE=store), stdout=out, stderr=subprocess.STDOUT,
+            )
         try:
-            wait_up(f"{proxy_url}/v1/models", proxy)
+            wait_up(f"{proxy_url}/v1/models", proxy, proxy_log)
             with httpx.Client(timeout=120) as client:
                 counter = 0
 
