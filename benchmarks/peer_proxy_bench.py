@@ -16,7 +16,9 @@ alternated, `--rounds` times, each on a fresh state folder.
 Per proxy and round it prints: the proxy process's CPU time (user + system, from /proc) per
 forwarded request, the time in the proxy per request (the round trip through it less the round
 trip straight to the upstream with the body the upstream received, sent right after) p50 and p95,
-and the ratio of ours to ctxkeeper's (target: CPU per request no more than ctxkeeper's).
+and the ratio of ours to ctxkeeper's (target: CPU per request no more than ctxkeeper's): the
+ratio of the medians, and each round's own ratio with their median (a round's runs follow each
+other; the machine drifts between rounds).
 
 `--engine-only` leaves HTTP out: the same conversations through an `Engine` in this process, with
 the proxy's calls (the render of each request, carrying the usage report of the answer it re-sends,
@@ -233,12 +235,19 @@ def main() -> None:
     p50 = (statistics.median(r["p50"] for r in ours), statistics.median(r["p50"] for r in peer))
     print(f"medians over {args.rounds} rounds, {len(talks)} conversations, B = {args.budget}:")
     print(f"  CPU per forwarded request: ContextRender {cpu[0]:.1f} ms, ctxkeeper {cpu[1]:.1f} ms, ratio {cpu[0] / cpu[1]:.2f}")
+    # Each round's runs are minutes apart, a round's two figures seconds apart: the ratio within a
+    # round leaves out the machine's drift between rounds (on the shared cores a proxy's figure
+    # moves by a quarter from one round to the next).
+    paired = [a["cpu_ms"] / b["cpu_ms"] for (a, b) in zip(ours, peer)]
+    print(f"  CPU ratio within each round: {', '.join(f'{r:.2f}' for r in paired)} (median {statistics.median(paired):.2f})")
     print(f"  time in the proxy p50:     ContextRender {p50[0]:.1f} ms, ctxkeeper {p50[1]:.1f} ms, ratio {p50[0] / p50[1]:.2f}")
     if args.checkout:
         other = figures["checkout"]
         (cpu_b, p50_b) = (statistics.median(r["cpu_ms"] for r in other), statistics.median(r["p50"] for r in other))
         print(f"  {args.checkout}: CPU per forwarded request {cpu_b:.1f} ms (ratio to ctxkeeper {cpu_b / cpu[1]:.2f}; "
               f"this checkout / it {cpu[0] / cpu_b:.2f}), time in the proxy p50 {p50_b:.1f} ms")
+        paired = [a["cpu_ms"] / b["cpu_ms"] for (a, b) in zip(ours, other)]
+        print(f"  this checkout / it within each round: {', '.join(f'{r:.2f}' for r in paired)} (median {statistics.median(paired):.2f})")
 
 
 if __name__ == "__main__":
