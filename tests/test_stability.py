@@ -5,6 +5,7 @@ of B left to tool results. Every render is checked for Tok(H) <= B and valid too
 from __future__ import annotations
 
 import json
+import sqlite3
 import subprocess
 import sys
 
@@ -12,7 +13,7 @@ import pytest
 
 from contextrender import Engine
 from engine.measure import get_tokenizer
-from tests.conftest import REUSING, assistant, call, tool, user
+from tests.conftest import REUSING, assistant, call, db_file, tool, user
 from tests.test_render import assert_sound, filler, history_of
 
 TOK = get_tokenizer()
@@ -177,6 +178,66 @@ def test_epoch_state_survives_a_restart(tmp_path):
     after = json.loads(done.stdout.strip().splitlines()[-1])
     assert after["mode"] == reference[cut + 1].mode == "append"
     assert after["messages"] == reference[cut + 1].messages
+
+
+def epoch_rows(path: str) -> dict[str, dict]:
+    """The stored RenderEpoch rows' archetype fields, by row id (from the rows' own table)."""
+    from contextrender.edge_lists import ROWS
+
+    with sqlite3.connect(path) as conn:
+        rows = conn.execute(f"SELECT id, data FROM {ROWS} WHERE arch_type = 'RenderEpoch'").fetchall()
+    return {key: json.loads(data)["archetype"] for (key, data) in rows}
+
+
+def render_in_a_new_process(store, messages: list[dict], budget: int) -> dict:
+    script = (
+        "import json, sys\n"
+        "from contextrender import Engine\n"
+        "messages = json.loads(sys.argv[2])\n"
+        "r = Engine(sys.argv[1]).render('s', messages, budget=int(sys.argv[3]))\n"
+        "print(json.dumps({'messages': r.messages, 'mode': r.mode}))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script, str(store), json.dumps(messages), str(budget)],
+                          capture_output=True, text=True, check=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_an_epoch_keeps_its_lists_and_maps_as_texts_and_one_stored_before_renders_as_it_did(tmp_path):
+    """The epoch stores its record's lists and maps as one JSON text (`rendered`) and its start as
+    another (`started`), the fields that held them before left empty. An epoch stored before
+    those texts (its record in `marker_listing`, `shown`, `condensed` and `start`) is read from
+    those fields: a new process renders from it what the first one would have rendered next, and
+    its next render moves them into the texts."""
+    budget = 1600
+    messages = session(24)
+    reference = replay(Engine(tmp_path / "a"), messages, budget)
+    turns = [j for j, m in enumerate(messages + [assistant("done")]) if m["role"] == "assistant" and j > 0]
+    cut = next(k for k in range(len(reference) - 1) if reference[k].selected and reference[k + 1].mode == "append")
+    engine = Engine(tmp_path / "b")
+    for k in range(cut + 1):
+        assert engine.render("s", messages[:turns[k]], budget=budget).messages == reference[k].messages
+    path = db_file(engine)
+    engine.close()
+    (key, epoch), = epoch_rows(path).items()
+    record = json.loads(epoch["rendered"])
+    assert set(record) == {"marker_listing", "shown", "condensed"} and record["shown"]
+    assert json.loads(epoch["started"])["from"] in ("render", "none", "epoch")
+    assert (epoch["marker_listing"], epoch["shown"], epoch["condensed"], epoch["start"]) == ({}, [], {}, {})
+    # The row as a store written before the texts holds it: no `rendered` nor `started`.
+    from contextrender.edge_lists import ROWS
+
+    with sqlite3.connect(path) as conn:
+        data = json.loads(conn.execute(f"SELECT data FROM {ROWS} WHERE id = ?", (key,)).fetchone()[0])
+        before = data["archetype"]
+        before |= json.loads(before.pop("rendered"))
+        before["start"] = json.loads(before.pop("started"))
+        conn.execute(f"UPDATE {ROWS} SET data = ? WHERE id = ?", (json.dumps(data), key))
+    after = render_in_a_new_process(tmp_path / "b", messages[:turns[cut + 1]], budget)
+    assert after["mode"] == reference[cut + 1].mode == "append"
+    assert after["messages"] == reference[cut + 1].messages
+    moved = epoch_rows(path)[key]
+    assert json.loads(moved["rendered"])["shown"] and moved["started"]
+    assert (moved["marker_listing"], moved["shown"], moved["condensed"], moved["start"]) == ({}, [], {}, {})
 
 
 def test_a_fork_resets_the_epoch(engine):
