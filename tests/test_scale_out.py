@@ -88,7 +88,7 @@ def comparable(rendered) -> dict:
 def explained(rendered) -> dict:
     """An explain's render, every figure and every result's decision (status, scores, reason):
     on a process that did not make the render, explain renders it again from the store
-    (RenderEpoch.start, Session.last_request and last_render), as after a restart."""
+    (RenderEpoch.started, Session.render_request and render_figures), as after a restart."""
     return comparable(rendered) | {"render_ms": rendered.render_ms}
 
 

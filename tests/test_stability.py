@@ -189,13 +189,16 @@ def epoch_rows(path: str) -> dict[str, dict]:
     return {key: json.loads(data)["archetype"] for (key, data) in rows}
 
 
-def render_in_a_new_process(store, messages: list[dict], budget: int) -> dict:
+def explained_and_rendered_in_a_new_process(store, messages: list[dict], budget: int) -> dict:
+    """In a new process on `store`: the last render explained (rendered again from the epoch's
+    start, writing nothing), then `messages` rendered."""
     script = (
         "import json, sys\n"
         "from contextrender import Engine\n"
-        "messages = json.loads(sys.argv[2])\n"
-        "r = Engine(sys.argv[1]).render('s', messages, budget=int(sys.argv[3]))\n"
-        "print(json.dumps({'messages': r.messages, 'mode': r.mode}))\n"
+        "engine = Engine(sys.argv[1])\n"
+        "e = engine.explain('s')\n"
+        "r = engine.render('s', json.loads(sys.argv[2]), budget=int(sys.argv[3]))\n"
+        "print(json.dumps({'explained': [e.messages, e.mode, e.mode_reason], 'messages': r.messages, 'mode': r.mode}))\n"
     )
     done = subprocess.run([sys.executable, "-c", script, str(store), json.dumps(messages), str(budget)],
                           capture_output=True, text=True, check=True)
@@ -205,25 +208,29 @@ def render_in_a_new_process(store, messages: list[dict], budget: int) -> dict:
 def test_an_epoch_keeps_its_lists_and_maps_as_texts_and_one_stored_before_renders_as_it_did(tmp_path):
     """The epoch stores its record's lists and maps as one JSON text (`rendered`) and its start as
     another (`started`), the fields that held them before left empty. An epoch stored before
-    those texts (its record in `marker_listing`, `shown`, `condensed` and `start`) is read from
-    those fields: a new process renders from it what the first one would have rendered next, and
-    its next render moves them into the texts."""
-    budget = 1600
-    messages = session(24)
+    those texts (its record in `marker_listing`, `shown`, `condensed` and `start`, its row
+    under an older fingerprint) is read from those fields: in a new process, the last render is
+    explained as it was (from the start) and the next one renders what the first process would
+    have rendered; that render moves them into the texts."""
+    budget = 2000
+    # (Prose long enough to be condensed: the record's `condensed` is not empty.)
+    messages = session(24, prose=filler("prose", 150))
     reference = replay(Engine(tmp_path / "a"), messages, budget)
     turns = [j for j, m in enumerate(messages + [assistant("done")]) if m["role"] == "assistant" and j > 0]
     cut = next(k for k in range(len(reference) - 1) if reference[k].selected and reference[k + 1].mode == "append")
     engine = Engine(tmp_path / "b")
     for k in range(cut + 1):
         assert engine.render("s", messages[:turns[k]], budget=budget).messages == reference[k].messages
+    explained = engine.explain("s")
     path = db_file(engine)
     engine.close()
     (key, epoch), = epoch_rows(path).items()
     record = json.loads(epoch["rendered"])
-    assert set(record) == {"marker_listing", "shown", "condensed"} and record["shown"]
-    assert json.loads(epoch["started"])["from"] in ("render", "none", "epoch")
+    assert set(record) == {"marker_listing", "shown", "condensed"} and record["shown"] and record["condensed"]
+    assert json.loads(epoch["started"])["from"] == "render"
     assert (epoch["marker_listing"], epoch["shown"], epoch["condensed"], epoch["start"]) == ({}, [], {}, {})
-    # The row as a store written before the texts holds it: no `rendered` nor `started`.
+    # The row as a store written before the texts holds it: no `rendered` nor `started`, the
+    # class's fingerprint of then (jaclang loads it as a row of an older schema).
     from contextrender.edge_lists import ROWS
 
     with sqlite3.connect(path) as conn:
@@ -231,8 +238,9 @@ def test_an_epoch_keeps_its_lists_and_maps_as_texts_and_one_stored_before_render
         before = data["archetype"]
         before |= json.loads(before.pop("rendered"))
         before["start"] = json.loads(before.pop("started"))
-        conn.execute(f"UPDATE {ROWS} SET data = ? WHERE id = ?", (json.dumps(data), key))
-    after = render_in_a_new_process(tmp_path / "b", messages[:turns[cut + 1]], budget)
+        conn.execute(f"UPDATE {ROWS} SET data = ?, fingerprint = 'fingerprint-of-before' WHERE id = ?", (json.dumps(data), key))
+    after = explained_and_rendered_in_a_new_process(tmp_path / "b", messages[:turns[cut + 1]], budget)
+    assert after["explained"] == [explained.messages, explained.mode, explained.mode_reason]
     assert after["mode"] == reference[cut + 1].mode == "append"
     assert after["messages"] == reference[cut + 1].messages
     moved = epoch_rows(path)[key]
