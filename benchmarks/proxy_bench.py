@@ -45,7 +45,6 @@ from checkouts import REPO, in_turn, program  # noqa: E402
 from engine_bench import history, trace_turns  # noqa: E402
 
 from contextrender.testing.fake_upstream import free_port  # noqa: E402
-from tests.conftest import anthropic_conversation, responses_input  # noqa: E402
 
 
 class Chat:
@@ -69,6 +68,8 @@ class Anthropic(Chat):
     path, model = "/v1/messages", "claude-sonnet-4-5"
 
     def __init__(self, messages: list[dict]) -> None:
+        from tests.conftest import anthropic_conversation  # (the tests' helpers import pytest: only for this protocol)
+
         self.system, self.messages = anthropic_conversation(messages, thinking=False)
 
     def body(self) -> dict:
@@ -84,6 +85,8 @@ class Responses(Chat):
     path, model = "/v1/responses", "fake-model"
 
     def __init__(self, messages: list[dict]) -> None:
+        from tests.conftest import responses_input  # (the tests' helpers import pytest: only for this protocol)
+
         self.instructions, self.messages = responses_input(messages)
 
     def body(self) -> dict:
