@@ -12,6 +12,7 @@ import sys
 import pytest
 
 from contextrender import Engine
+from contextrender.edge_lists import ROWS
 from engine.measure import get_tokenizer
 from tests.conftest import REUSING, assistant, call, db_file, tool, user
 from tests.test_render import assert_sound, filler, history_of
@@ -182,8 +183,6 @@ def test_epoch_state_survives_a_restart(tmp_path):
 
 def epoch_rows(path: str) -> dict[str, dict]:
     """The stored RenderEpoch rows' archetype fields, by row id (from the rows' own table)."""
-    from contextrender.edge_lists import ROWS
-
     with sqlite3.connect(path) as conn:
         rows = conn.execute(f"SELECT id, data FROM {ROWS} WHERE arch_type = 'RenderEpoch'").fetchall()
     return {key: json.loads(data)["archetype"] for (key, data) in rows}
@@ -231,8 +230,6 @@ def test_an_epoch_keeps_its_lists_and_maps_as_texts_and_one_stored_before_render
     assert (epoch["marker_listing"], epoch["shown"], epoch["condensed"], epoch["start"]) == ({}, [], {}, {})
     # The row as a store written before the texts holds it: no `rendered` nor `started`, the
     # class's fingerprint of then (jaclang loads it as a row of an older schema).
-    from contextrender.edge_lists import ROWS
-
     with sqlite3.connect(path) as conn:
         data = json.loads(conn.execute(f"SELECT data FROM {ROWS} WHERE id = ?", (key,)).fetchone()[0])
         before = data["archetype"]
